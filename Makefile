@@ -1,0 +1,37 @@
+# Every target sets itself up from nothing: it creates .venv and installs what it
+# needs, re-installing only when pyproject.toml changes.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# One process per core by default is too greedy on small CI boxes; the pool
+# executor picks its own worker count.
+export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
+
+.PHONY: demo test bench lint clean install
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ndplan demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf $(VENV) build dist .cache *.egg-info src/*.egg-info .pytest_cache

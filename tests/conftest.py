@@ -1,0 +1,40 @@
+"""Shared fixtures: an installed wheel in a fresh venv (for install-level checks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Build the project's wheel once per session (editable installs hide missing files)."""
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+        check=True,
+    )
+    (wheel,) = out.glob("ndplan-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(built_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv with only the wheel and its runtime dependencies; returns its bin dir."""
+    env_dir = tmp_path_factory.mktemp("venv")
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    bin_dir = env_dir / "bin"
+    subprocess.run(
+        [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", str(built_wheel)],
+        check=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    return bin_dir
