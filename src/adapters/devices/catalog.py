@@ -1,0 +1,68 @@
+"""The device catalog: built-in YAML data files, user device files, plugin devices."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ndplan.core.cluster import DeviceSpec
+from ndplan.core.errors import InvalidInputError
+
+DATA_PACKAGE = "ndplan.adapters.devices.data"
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ()))
+    return f"{where}: {err.get('msg', '').removeprefix('Value error, ')}"
+
+
+def parse_devices(data: Any, origin: str) -> list[DeviceSpec]:
+    """One device (a mapping) or several (``devices: [...]`` or a list) from parsed YAML/JSON."""
+    if isinstance(data, dict) and "devices" in data:
+        data = data["devices"]
+    items = data if isinstance(data, list) else [data]
+    devices = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InvalidInputError(
+                f"{origin}: device {i} is not a mapping; see `ndplan schema DeviceSpec`"
+            )
+        try:
+            devices.append(DeviceSpec.model_validate(item))
+        except ValidationError as exc:
+            ident = item.get("id", f"#{i}")
+            raise InvalidInputError(f"{origin}: device '{ident}': {_first_error(exc)}") from None
+    return devices
+
+
+def load_device_file(path: Path) -> list[DeviceSpec]:
+    """A user's YAML or JSON device file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read the device file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidInputError(
+            f"{path}: not valid YAML/JSON ({str(exc).splitlines()[0]})"
+        ) from None
+    return parse_devices(data, str(path))
+
+
+@cache
+def builtin_devices() -> tuple[DeviceSpec, ...]:
+    """Every device data file shipped in the package, by id."""
+    devices: list[DeviceSpec] = []
+    for entry in sorted(resources.files(DATA_PACKAGE).iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".yaml"):
+            devices.extend(
+                parse_devices(yaml.safe_load(entry.read_text(encoding="utf-8")), entry.name)
+            )
+    return tuple(sorted(devices, key=lambda d: d.id))

@@ -1,0 +1,128 @@
+"""The ``ndplan`` command line: parse, bootstrap, call the core, render.
+
+Exit codes (spec/interfaces.md): 0 ok, 1 no feasible plan, 2 usage (click's own,
+for malformed flags), 3 invalid input, 4 plugin error, 5 internal error,
+130 interrupted. Known errors print one line on stderr; a traceback only with
+``NDPLAN_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Annotated
+
+import typer
+
+from ndplan import __version__
+from ndplan.core.errors import ExitCode, NdplanError
+
+from . import info
+from .options import state
+
+
+def _usage_error_types() -> tuple[type[BaseException], ...]:
+    """Click's exception base, wherever this typer takes click from (vendored or not)."""
+    types: list[type[BaseException]] = []
+    try:
+        from typer.exceptions import TyperException
+
+        types.append(TyperException)
+    except ImportError:
+        pass
+    try:
+        from click import ClickException
+
+        types.append(ClickException)
+    except ImportError:
+        pass
+    return tuple(types)
+
+
+app = typer.Typer(
+    name="ndplan",
+    help="Plan N-dimensional parallelism for LLM training: search every layout, price it "
+    "analytically (memory and step time), rank what fits.",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ndplan {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+    plugin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--plugin",
+            "-p",
+            metavar="MODULE",
+            help="Load an importable module as a plugin (repeatable; also NDPLAN_PLUGINS).",
+            show_default=False,
+        ),
+    ] = None,
+    verbose: Annotated[
+        int, typer.Option("--verbose", "-v", count=True, help="More diagnostics.")
+    ] = 0,
+    quiet: Annotated[int, typer.Option("--quiet", "-q", count=True, help="Fewer diagnostics.")] = 0,
+) -> None:
+    st = state(ctx)
+    st.plugins = list(plugin or [])
+    st.verbosity = verbose - quiet
+
+
+info.register(app)
+
+
+def _fail(message: str, code: ExitCode) -> int:
+    print(f"ndplan: error: {message}", file=sys.stderr)
+    return int(code)
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (never raises, except with NDPLAN_DEBUG=1)."""
+    debug = os.environ.get("NDPLAN_DEBUG") == "1"
+    try:
+        result = app(args=argv, prog_name="ndplan", standalone_mode=False)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        return _fail("interrupted", ExitCode.INTERRUPTED)
+    except _usage_error_types() as exc:  # malformed flags: click's own message and exit 2
+        exc.show()  # type: ignore[attr-defined]
+        return exc.exit_code  # type: ignore[attr-defined]
+    except NdplanError as exc:
+        if debug:
+            traceback.print_exc()
+        return _fail(str(exc), exc.exit_code)
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:
+        if debug:
+            raise
+        return _fail(
+            f"internal error: {type(exc).__name__}: {exc} (rerun with NDPLAN_DEBUG=1 "
+            "for a traceback)",
+            ExitCode.INTERNAL_ERROR,
+        )
+    return int(result) if isinstance(result, int) else 0
+
+
+def main() -> None:
+    sys.exit(run())

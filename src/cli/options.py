@@ -1,0 +1,46 @@
+"""Option types shared by the commands, and the per-run state they build."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ndplan.bootstrap import Components, bootstrap
+
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+DeviceFiles = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--device-file",
+        help="A YAML/JSON file of extra device types (repeatable).",
+        show_default=False,
+    ),
+]
+Strict = Annotated[
+    bool, typer.Option("--strict", help="Refuse to assume defaults for unstated model/job fields.")
+]
+
+
+@dataclass
+class State:
+    """What the root command parsed; components are assembled on first use."""
+
+    plugins: list[str] = field(default_factory=list)
+    verbosity: int = 0
+    _components: dict[tuple, Components] = field(default_factory=dict)
+
+    def components(self, device_files: list[Path] | None = None) -> Components:
+        key = tuple(str(p) for p in device_files or ())
+        if key not in self._components:
+            self._components[key] = bootstrap(plugins=self.plugins, device_files=key)
+        return self._components[key]
+
+
+def state(ctx: typer.Context) -> State:
+    root = ctx.find_root()
+    if root.obj is None:
+        root.obj = State()
+    return root.obj

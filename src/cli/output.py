@@ -1,0 +1,81 @@
+"""Output helpers: rich tables for people, JSON for scripts.
+
+Results go to stdout, diagnostics and progress to stderr; the CLI is the only
+layer that prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from rich.console import Console
+from rich.table import Table
+
+from ndplan.core.errors import InvalidInputError
+
+stdout = Console(highlight=False, soft_wrap=False)
+stderr = Console(stderr=True, highlight=False)
+
+
+def to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: to_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def dumps(obj: Any) -> str:
+    """Deterministic JSON (keys in model order, two-space indent, trailing newline)."""
+    return json.dumps(to_jsonable(obj), indent=2, ensure_ascii=False) + "\n"
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(dumps(obj))
+    sys.stdout.flush()
+
+
+def table(
+    title: str | None, columns: Sequence[str | tuple[str, str]], rows: Iterable[Sequence[Any]]
+) -> Table:
+    """A table; a column given as (name, 'right') is right-aligned."""
+    t = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
+    for col in columns:
+        name, justify = (col, "left") if isinstance(col, str) else col
+        t.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+    return t
+
+
+def note(message: str) -> None:
+    """A diagnostic line on stderr."""
+    stderr.print(message, markup=False)
+
+
+def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
+    """Write ``text`` to ``path`` via a temporary file and a rename; never clobber without ``force``."""
+    if path.exists() and not force:
+        raise InvalidInputError(f"{path}: exists; pass --force to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.2f}"

@@ -1,0 +1,58 @@
+"""Errors the domain raises, each carrying the process exit code the CLI maps it to.
+
+Infeasibility *inside* a search is a counted result, not an exception; these are
+for inputs that cannot be planned at all and for broken plugins.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Documented process exit codes (spec/interfaces.md)."""
+
+    OK = 0
+    NO_FEASIBLE_PLAN = 1
+    USAGE = 2  # click's own, for malformed flags
+    INVALID_INPUT = 3
+    PLUGIN_ERROR = 4
+    INTERNAL_ERROR = 5
+    INTERRUPTED = 130
+
+
+class NdplanError(Exception):
+    """Base of every error ndplan reports as one line."""
+
+    exit_code: ExitCode = ExitCode.INTERNAL_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class InvalidInputError(NdplanError, ValueError):
+    """A value that parses but makes no sense: a config field, degrees that do not multiply out."""
+
+    exit_code = ExitCode.INVALID_INPUT
+
+
+class InfeasibleError(NdplanError):
+    """No candidate fits: the message names the closest miss."""
+
+    exit_code = ExitCode.NO_FEASIBLE_PLAN
+
+
+class PluginError(NdplanError):
+    """A plugin failed to load, registered something invalid, or raised while pricing."""
+
+    exit_code = ExitCode.PLUGIN_ERROR
+
+
+class InternalError(NdplanError):
+    """A bug in ndplan itself."""
+
+    exit_code = ExitCode.INTERNAL_ERROR

@@ -1,0 +1,98 @@
+"""The training job: batch, sequence, precision, optimizer, framework.
+
+Fields the user may leave unstated are ``None``; reading one through
+:class:`JobSettings` uses the documented default and records it as an assumption.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from .assumptions import AssumptionRecorder
+from .base import Frozen, PositiveInt
+
+Precision = Literal["bf16", "fp16", "fp8", "fp8-blockwise", "mxfp8", "fp4"]
+"""Training recipes: bf16/fp16; fp8 with tensor-wise (delayed or current) scaling,
+128×128/1×128 block-wise scaling, or MXFP8 (32-element blocks); NVFP4/MXFP4."""
+Framework = Literal["megatron", "torchtitan", "mindformers", "deepspeed"]
+Optimizer = Literal["adam", "sgd", "muon"]
+AttentionKernel = Literal["flash", "eager"]
+CPKind = Literal["ring", "all_to_all"]
+
+GEMM_PRECISION: dict[str, str] = {
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "fp8-blockwise": "fp8",
+    "mxfp8": "fp8",
+    "fp4": "fp4",
+}
+"""Which device peak a recipe's GEMMs run at."""
+
+
+class Job(Frozen):
+    """What to train: the batch and the numerics."""
+
+    global_batch_size: PositiveInt
+    """Sequences per optimizer step."""
+    seq_length: PositiveInt
+    """Tokens per sequence."""
+    precision: Precision | None = None
+    """GEMM recipe; bf16 when unstated."""
+    optimizer: Optimizer | None = None
+    """Adam (fp32 master weights and two moments) when unstated."""
+    framework: Framework | None = None
+    """The framework the plan is for; it fixes which options exist. megatron when unstated."""
+    attention_kernel: AttentionKernel | None = None
+    """flash (saves only softmax statistics) or eager (materialises the scores)."""
+    dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
+    """Dropout probability; modern runs use 0."""
+    cp_kind: CPKind | None = None
+    """Context-parallel algorithm: ring (P2P K/V exchange) or all-to-all (Ulysses)."""
+    fused_loss: bool | None = None
+    """Whether the cross-entropy is fused/chunked, so fp32 logits are never materialised."""
+    moe_capacity_factor: float | None = Field(default=None, gt=0)
+    """Expert capacity factor; dropless, force-balanced routing (1.0) when unstated."""
+
+
+JOB_DEFAULTS: dict[str, Any] = {
+    "precision": "bf16",
+    "optimizer": "adam",
+    "framework": "megatron",
+    "attention_kernel": "flash",
+    "dropout": 0.0,
+    "cp_kind": "ring",
+    "fused_loss": False,
+    "moe_capacity_factor": 1.0,
+}
+
+
+class JobSettings:
+    """A job whose unset fields resolve to defaults on first read, recording each.
+
+    Only fields that pricing actually reads become assumptions: a setting that no
+    component looks at is not reported.
+    """
+
+    def __init__(self, job: Job, recorder: AssumptionRecorder, reader: str = "pricing") -> None:
+        self.job = job
+        self.recorder = recorder
+        self.reader = reader
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.job, name)
+        if value is None and name in JOB_DEFAULTS:
+            value = self.recorder.default(f"job.{name}", JOB_DEFAULTS[name], self.reader)
+        # Cache on the instance: later reads skip __getattr__ entirely.
+        setattr(self, name, value)
+        return value
+
+    @property
+    def gemm_precision(self) -> str:
+        return GEMM_PRECISION[self.precision]
+
+    @property
+    def is_low_precision(self) -> bool:
+        return self.precision in ("fp8", "fp8-blockwise", "mxfp8", "fp4")

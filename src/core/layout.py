@@ -1,0 +1,180 @@
+"""A parallel layout (one candidate) and the search space it is drawn from."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .base import Degree, Frozen, NonNegativeInt, PositiveInt
+from .errors import InvalidInputError
+
+Schedule = Literal["1f1b", "interleaved", "gpipe", "dualpipev"]
+RecomputePolicy = Literal["none", "selective", "full", "auto"]
+DIMENSIONS = ("DP", "TP", "PP", "CP", "EP", "VPP", "MBS", "ZERO", "SP", "RECOMPUTE", "OFFLOAD")
+
+
+class Layout(Frozen):
+    """One full assignment of degrees and options."""
+
+    dp: Degree = 1
+    tp: Degree = 1
+    pp: Degree = 1
+    vpp: Degree = 1
+    """Virtual pipeline chunks per stage (interleaved 1F1B)."""
+    cp: Degree = 1
+    ep: Degree = 1
+    etp: Degree | None = None
+    """Expert tensor parallel degree; TP when unset."""
+    mbs: PositiveInt = 1
+    """Micro-batch size (sequences)."""
+    num_microbatches: PositiveInt = 1
+    zero: int = Field(default=0, ge=0, le=3)
+    """0: replicated; 1: optimizer state sharded (distributed optimizer); 2: + gradients; 3: + parameters (FSDP)."""
+    sp: bool = False
+    """Sequence parallelism with TP."""
+    schedule: Schedule = "1f1b"
+    recompute: RecomputePolicy = "none"
+    offload_optimizer: bool = False
+    layers_per_stage: tuple[NonNegativeInt, ...] | None = None
+    """Uneven placement: decoder layers per pipeline stage (per chunk, in chunk order, with VPP)."""
+
+    @model_validator(mode="after")
+    def _self_consistent(self) -> Layout:
+        if self.vpp > 1 and self.schedule not in ("interleaved",):
+            raise ValueError(
+                f"vpp({self.vpp}) > 1 needs schedule 'interleaved', not '{self.schedule}'"
+            )
+        if self.schedule == "interleaved" and self.pp == 1:
+            raise ValueError("schedule 'interleaved' needs pp > 1")
+        if self.schedule == "dualpipev" and self.pp == 1:
+            raise ValueError("schedule 'dualpipev' needs pp > 1")
+        return self
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else self.tp
+
+    @property
+    def sequence_parallel(self) -> bool:
+        """SP only means something with TP > 1 (Megatron turns it off at TP = 1)."""
+        return self.sp and self.tp > 1
+
+    @property
+    def chunks(self) -> int:
+        """Model chunks the layers are split into (pp·vpp; 2·pp for DualPipeV)."""
+        if self.schedule == "dualpipev":
+            return 2 * self.pp
+        return self.pp * self.vpp
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Replicas of each expert: the DP×CP×TP devices of a stage over EP×ETP."""
+        return max(1, self.dp * self.cp * self.tp // (self.ep * self.expert_tp))
+
+    def degrees(self) -> tuple[int, ...]:
+        """A fixed order of the degrees, used as the ranking's final tie-break."""
+        return (
+            self.tp,
+            self.pp,
+            self.cp,
+            self.ep,
+            self.expert_tp,
+            self.vpp,
+            self.dp,
+            self.mbs,
+            self.zero,
+            int(self.sp),
+            int(self.offload_optimizer),
+        )
+
+
+def check_layout(
+    layout: Layout,
+    *,
+    num_devices: int,
+    global_batch: int,
+    seq_len: int,
+    num_layers: int,
+    heads: int,
+    kv_heads: int,
+    num_experts: int | None = None,
+) -> None:
+    """Cross-object checks; each error prints the arithmetic and names the fix."""
+    lay = layout
+    if lay.devices != num_devices:
+        raise InvalidInputError(
+            f"tp({lay.tp})·pp({lay.pp})·cp({lay.cp})·dp({lay.dp}) = {lay.devices} ≠ devices({num_devices}); "
+            "change a degree or --devices"
+        )
+    if lay.dp * lay.mbs * lay.num_microbatches != global_batch:
+        raise InvalidInputError(
+            f"dp({lay.dp})·mbs({lay.mbs})·microbatches({lay.num_microbatches}) = "
+            f"{lay.dp * lay.mbs * lay.num_microbatches} ≠ global batch({global_batch}); "
+            "change --mbs or --gbs"
+        )
+    if heads % lay.tp:
+        raise InvalidInputError(
+            f"tp({lay.tp}) does not divide the attention heads({heads}); choose a divisor"
+        )
+    if kv_heads % lay.tp and lay.tp % kv_heads:
+        raise InvalidInputError(
+            f"tp({lay.tp}) and the key/value heads({kv_heads}) do not divide one another; choose a divisor"
+        )
+    if seq_len % lay.cp:
+        raise InvalidInputError(f"cp({lay.cp}) does not divide the sequence length({seq_len})")
+    if lay.layers_per_stage is not None:
+        if len(lay.layers_per_stage) != lay.chunks:
+            raise InvalidInputError(
+                f"layers_per_stage lists {len(lay.layers_per_stage)} entries; the layout has {lay.chunks} chunks"
+            )
+        if sum(lay.layers_per_stage) != num_layers:
+            raise InvalidInputError(
+                f"layers_per_stage sums to {sum(lay.layers_per_stage)} ≠ layers({num_layers})"
+            )
+    elif lay.chunks > num_layers:
+        raise InvalidInputError(f"pp·vpp = {lay.chunks} chunks exceed the {num_layers} layers")
+    if num_experts is not None:
+        if num_experts % lay.ep:
+            raise InvalidInputError(
+                f"ep({lay.ep}) does not divide the routed experts({num_experts})"
+            )
+        group = lay.dp * lay.cp * lay.tp
+        if group % (lay.ep * lay.expert_tp):
+            raise InvalidInputError(
+                f"ep({lay.ep})·etp({lay.expert_tp}) = {lay.ep * lay.expert_tp} does not divide "
+                f"dp·cp·tp = {group}; experts are carved out of the data-parallel devices"
+            )
+    elif lay.ep > 1:
+        raise InvalidInputError(f"ep({lay.ep}) > 1 but the model has no experts; use --ep 1")
+    if lay.zero == 3 and lay.offload_optimizer and lay.pp > 1:
+        pass  # allowed: FSDP with offload on a pipeline (rare, but priced)
+
+
+class SearchSpace(Frozen):
+    """Which dimensions vary: per dimension None (free), a tuple of candidates, or one value."""
+
+    tp: tuple[PositiveInt, ...] | None = None
+    pp: tuple[PositiveInt, ...] | None = None
+    cp: tuple[PositiveInt, ...] | None = None
+    dp: tuple[PositiveInt, ...] | None = None
+    ep: tuple[PositiveInt, ...] | None = None
+    etp: tuple[PositiveInt, ...] | None = None
+    vpp: tuple[PositiveInt, ...] | None = None
+    mbs: tuple[PositiveInt, ...] | None = None
+    zero: tuple[int, ...] | None = None
+    sp: tuple[bool, ...] | None = None
+    recompute: tuple[RecomputePolicy, ...] | None = None
+    offload_optimizer: tuple[bool, ...] | None = None
+    schedule: tuple[Schedule, ...] | None = None
+    max_tp: PositiveInt | None = None
+    """Upper bound on TP; the scale-up domain when unset."""
+    allow_tp_beyond_scale_up: bool = False
+    max_mem_gib: float | None = Field(default=None, gt=0)
+    """Usable device memory; the device capacity when unset."""
+    reserve_gib: float = Field(default=0.0, ge=0)
+    """Memory held back for later balancing."""

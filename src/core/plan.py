@@ -1,0 +1,109 @@
+"""Results: memory and time breakdowns, a priced plan, a search result."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Frozen
+from .layout import Layout
+
+MemoryMode = Literal["ndplan", "megatron"]
+
+
+class StageMemory(Frozen):
+    """The busiest device of one pipeline stage, at its peak."""
+
+    stage: int
+    layers: tuple[int, ...]
+    """Decoder layer indices the stage holds (all its chunks)."""
+    in_flight: tuple[int, ...]
+    """Micro-batches in flight per chunk of the stage."""
+    parts: dict[str, int]
+    """Component → bytes; sums exactly to ``total_bytes``."""
+    total_bytes: int
+
+
+class MemoryBreakdown(Frozen):
+    """Per-stage memory of a plan and whether it fits."""
+
+    mode: MemoryMode = "ndplan"
+    stages: tuple[StageMemory, ...]
+    peak_bytes: int
+    peak_stage: int
+    capacity_bytes: int
+    """The device's memory (or --max-mem)."""
+    budget_bytes: int
+    """What a stage may use: capacity less the balancing reserve."""
+    fits: bool
+    weights_and_optimizer_bytes: int | None = None
+    """megatron mode: Megatron-LM's weight-and-optimizer estimate (most loaded shard)."""
+    activation_bytes: int | None = None
+    """megatron mode: Megatron-LM's activation estimate (first stage)."""
+
+
+class TimeBreakdown(Frozen):
+    """Where one optimizer step's time goes; ``parts`` sum to ``step_s``."""
+
+    step_s: float
+    parts: dict[str, float]
+    """forward, backward, recompute, tp_comm, cp_comm, ep_comm, pp_comm, bubble, dp_comm,
+    optimizer (seconds)."""
+    stage_forward_s: tuple[float, ...] = ()
+    """Per stage, one micro-batch's forward (compute and exposed communication)."""
+    stage_backward_s: tuple[float, ...] = ()
+    """Per stage, one micro-batch's backward incl. recompute."""
+
+
+class RecomputeRange(Frozen):
+    """Layers [start, stop) of a stage running one recompute option."""
+
+    stage: int
+    start: int
+    stop: int
+    option: str
+
+
+class Plan(Frozen):
+    """A priced candidate."""
+
+    rank: int | None = None
+    layout: Layout
+    memory: MemoryBreakdown
+    time: TimeBreakdown | None = None
+    tokens_per_s_per_device: float | None = None
+    model_tflops_per_device: float | None = None
+    mfu: float | None = None
+    """Model FLOPs (no recompute) over the device's dense peak at the training precision."""
+    hfu: float | None = None
+    """Hardware FLOPs (with recompute) over the same peak."""
+    recompute: tuple[RecomputeRange, ...] = ()
+    """Per-layer recompute assignment as layer ranges."""
+
+
+class PhaseTimes(Frozen):
+    """Wall time of the search's phases, seconds."""
+
+    enumerate: float = 0.0
+    memory: float = 0.0
+    bound: float = 0.0
+    price: float = 0.0
+    total: float = 0.0
+
+
+class SearchSummary(Frozen):
+    generated: int
+    refused: dict[str, int]
+    """Reason → count."""
+    over_memory: int
+    bounded: int
+    """Skipped: their lower bound could not enter the top K."""
+    priced: int
+    seconds: PhaseTimes = Field(default_factory=PhaseTimes)
+
+
+class SearchResult(Frozen):
+    summary: SearchSummary
+    plans: tuple[Plan, ...]
+    assumptions: tuple[str, ...] = ()

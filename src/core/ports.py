@@ -1,0 +1,208 @@
+"""Ports: the seams where the outside world, or a user's own model, plugs in.
+
+Each is a small ``typing.Protocol``. The search depends only on these; the
+adapters that implement them register through the plugin hooks
+(``ndplan.plugins.hookspecs``), the built-in ones exactly as a third party would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .cluster import DeviceSpec
+    from .context import PricingContext, StagePlacement
+    from .kernels.knapsack import LayerGroup, LayerOption, PipelineChoice, StageChoice
+    from .layout import Layout
+    from .model import LayerKind, ModelSpec
+    from .plan import Plan, TimeBreakdown
+
+Recompute = frozenset[str] | None
+"""Which recomputable ops of a layer are recomputed: an empty set keeps everything,
+``None`` recomputes the whole layer (full recompute)."""
+
+
+@runtime_checkable
+class MemoryModel(Protocol):
+    """Per-device memory of one candidate, per pipeline stage.
+
+    Why a seam: frameworks keep different tensors (fp32 vs bf16 gradients, fused
+    losses, FSDP's sharded fp32 parameters), and users who measured their own
+    stack want to substitute their numbers. Pure: no I/O. It does not decide
+    feasibility; the search compares the result with the budget.
+    """
+
+    name: str
+
+    def stage_static_bytes(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> dict[str, int]:
+        """Everything on the stage's busiest device that the recompute choice does not
+        change (weights, gradients, optimizer state, buffers, the backward working set,
+        the reserve, embedding and loss activations), by part."""
+        ...
+
+    def layer_activation_bytes(
+        self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
+    ) -> int:
+        """Bytes one layer of ``kind`` keeps per micro-batch in flight under ``recompute``."""
+        ...
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Seconds: per layer and micro-batch, and the composition into one optimizer step.
+
+    Why a seam: efficiency and overlap differ by device, kernel library and
+    framework; a user's calibrated or profiled model replaces the analytic one
+    without touching the search. Pure: no I/O.
+    """
+
+    name: str
+
+    def layer_seconds(
+        self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
+    ) -> Mapping[str, float]:
+        """One layer, one micro-batch: keys ``forward``, ``backward``, ``recompute``,
+        ``tp_comm``, ``cp_comm``, ``ep_comm`` (exposed seconds). Forward time of the
+        layer is ``forward`` + the forward share of comm; see the implementation."""
+        ...
+
+    def step(
+        self,
+        ctx: PricingContext,
+        layout: Layout,
+        stages: Sequence[StagePlacement],
+        stage_layer_seconds: Sequence[Mapping[str, float]],
+    ) -> TimeBreakdown:
+        """Compose per-stage, per-micro-batch layer seconds into one step (pipeline
+        schedule, bubble, data-parallel communication, optimizer)."""
+        ...
+
+
+@runtime_checkable
+class KnapsackSolver(Protocol):
+    """Chooses per-layer recompute options within a stage's memory budget.
+
+    Why a seam: the default is an exact DP; users may trade exactness for speed
+    (a coarser bucket, a greedy heuristic) or plug an ILP. Pure.
+    """
+
+    def choose(self, groups: Sequence[LayerGroup], budget_bytes: int) -> StageChoice | None:
+        """Least total time within the budget, least memory among the fastest; None if nothing fits."""
+        ...
+
+    def least_times(self, groups: Sequence[LayerGroup], budgets: Sequence[int]) -> Any:
+        """Least time for every budget, in one pass."""
+        ...
+
+    def suffix_times(
+        self, layers: Sequence[tuple[Sequence[LayerOption], int]], budgets: Sequence[int]
+    ) -> Any:
+        """Least time of every suffix of ``layers`` within its budget, in one pass."""
+        ...
+
+    def pp_lite(self, stages: Sequence[tuple[Sequence[LayerGroup], int, float]]) -> PipelineChoice:
+        """Every stage of an even split solved independently; the pipeline runs at the slowest."""
+        ...
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """Prices items with a task and returns results in the order given.
+
+    Why a seam: the search knows nothing of processes; an executor knows nothing
+    of parallelism planning. Serial, a process pool and Ray implement it.
+    """
+
+    name: str
+
+    def map(
+        self, task: Callable[[Any, Sequence[Any]], list[Any]], recipe: Any, items: Sequence[Any]
+    ) -> list[Any]:
+        """``task(recipe, chunk)`` over contiguous chunks of ``items``; results by position."""
+        ...
+
+    def close(self) -> None:
+        """Release workers (join on success)."""
+        ...
+
+    def terminate(self) -> None:
+        """Stop at once (on error or Ctrl-C), leaving no orphan processes."""
+        ...
+
+
+@runtime_checkable
+class ModelReader(Protocol):
+    """Reads a model (and possibly degrees, batch, recompute) from a framework's config.
+
+    Why a seam: every framework states models its own way; a reader maps one onto
+    the ModelSpec so the search never sees a framework's names.
+    """
+
+    name: str
+
+    def can_read(self, path: Path) -> bool:
+        """Whether this reader recognises the file or directory."""
+        ...
+
+    def read(self, path: Path, recorder: Any) -> ModelSpec: ...
+
+
+@runtime_checkable
+class Exporter(Protocol):
+    """Writes a plan as a framework's config (Megatron arguments, torchtitan TOML, ...).
+
+    Why a seam: the plan is only useful in the user's tool; each framework names
+    the same layout differently.
+    """
+
+    name: str
+    suffix: str
+
+    def render(self, plan: Plan, model: ModelSpec) -> str:
+        """The config text; the caller writes it atomically."""
+        ...
+
+
+@runtime_checkable
+class DebugSink(Protocol):
+    """Receives every priced candidate's memory and time parts, and every refusal.
+
+    Why a seam: users debugging a surprising ranking want every number, in the
+    format their tools read (CSV, JSON lines, a database). Records arrive in the
+    search's order, whatever the executor.
+    """
+
+    name: str
+
+    def open(self, directory: Path | None) -> None: ...
+
+    def memory(self, candidate: Mapping[str, Any], parts: Mapping[str, float]) -> None: ...
+
+    def time(self, candidate: Mapping[str, Any], parts: Mapping[str, float]) -> None: ...
+
+    def refusal(self, candidate: Mapping[str, Any], reason: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class DeviceCatalog(Protocol):
+    """Device types by id and alias.
+
+    Why a seam: clusters differ (new parts, derated clocks, custom fabrics); a
+    plugin or a user file adds a device without code changes in the search.
+    """
+
+    def get(self, name: str) -> DeviceSpec:
+        """The device for an id or alias; an unknown name raises with close matches."""
+        ...
+
+    def __iter__(self) -> Iterator[DeviceSpec]: ...
+
+
+RefusalRule = Callable[["Layout", "PricingContext"], "str | None"]
+"""An extra refusal rule: returns a reason to refuse the candidate, or None."""

@@ -1,0 +1,36 @@
+"""The built-in plugin: registers the default adapters through the public hooks.
+
+Every implementation is ``trylast`` so a third-party plugin is asked first, and
+replaces a built-in only by passing ``replace=True``.
+"""
+
+from __future__ import annotations
+
+from .hookspecs import hookimpl
+
+
+@hookimpl(trylast=True)
+def ndplan_register_devices(registry):
+    from ndplan.adapters.devices.catalog import builtin_devices
+
+    for device in builtin_devices():
+        registry.add(device.id, device, aliases=device.aliases)
+
+
+@hookimpl(trylast=True)
+def ndplan_register_presets(registry):
+    from ndplan.adapters.readers.catalog import builtin_presets, preset_loader
+
+    for preset_id, data in builtin_presets().items():
+        meta = data.get("_ndplan", {})
+        aliases = tuple(meta.get("aliases", ())) + (
+            (meta["display_name"],) if "display_name" in meta else ()
+        )
+        registry.add(preset_id, preset_loader(preset_id), aliases=aliases)
+
+
+@hookimpl(trylast=True)
+def ndplan_register_model_readers(registry):
+    from ndplan.adapters.readers.hf import HFConfigReader
+
+    registry.add("huggingface", HFConfigReader())

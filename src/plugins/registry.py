@@ -1,0 +1,113 @@
+"""Named registries that plugins fill through the ``ndplan_register_*`` hooks."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ndplan.core.errors import InvalidInputError, PluginError
+
+T = TypeVar("T")
+
+
+@dataclass
+class Entry(Generic[T]):
+    name: str
+    value: T
+    plugin: str
+    replace: bool = False
+    replaced: str | None = None
+    """The plugin whose registration of the same name this entry replaced."""
+
+
+def normalise(name: str) -> str:
+    """Case-, space- and punctuation-insensitive key for names and aliases."""
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+class Registry(Generic[T]):
+    """Components of one kind by name.
+
+    A name is registered once; a second registration is refused with a message
+    naming both plugins, unless one of them passed ``replace=True`` — then the
+    replacing one wins whatever the order the hooks ran in, and the listing shows
+    whom it replaced.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry[T]] = {}
+        self._aliases: dict[str, str] = {}
+        self.current_plugin = "?"
+
+    def add(
+        self, name: str, value: T, *, replace: bool = False, aliases: tuple[str, ...] = ()
+    ) -> None:
+        plugin = self.current_plugin
+        old = self._entries.get(name)
+        if old is not None:
+            if old.replace and not replace:
+                old.replaced = plugin
+                return
+            if not replace:
+                raise PluginError(
+                    f"{self.kind} '{name}' is registered by both '{old.plugin}' and '{plugin}'; "
+                    f"pass replace=True in '{plugin}' to replace it"
+                )
+            if old.replace:
+                raise PluginError(
+                    f"{self.kind} '{name}' is replaced by both '{old.plugin}' and '{plugin}'; disable one "
+                    "(NDPLAN_DISABLE_PLUGINS)"
+                )
+            self._entries[name] = Entry(name, value, plugin, True, old.plugin)
+        else:
+            self._entries[name] = Entry(name, value, plugin, replace)
+        for alias in (name, *aliases):
+            self._aliases.setdefault(normalise(alias), name)
+
+    def resolve(self, name: str) -> str:
+        """The registered name for ``name`` or one of its aliases."""
+        if name in self._entries:
+            return name
+        key = self._aliases.get(normalise(name))
+        if key is not None:
+            return key
+        known = sorted(self._entries)
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise InvalidInputError(f"unknown {self.kind} '{name}'{hint} (known: {', '.join(known)})")
+
+    def get(self, name: str) -> T:
+        return self._entries[self.resolve(name)].value
+
+    def entry(self, name: str) -> Entry[T]:
+        return self._entries[self.resolve(name)]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries or normalise(name) in self._aliases
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[Entry[T]]:
+        return [self._entries[n] for n in sorted(self._entries)]
+
+
+class RuleList:
+    """Extra refusal rules, collected once: ``(name, rule)`` in registration order."""
+
+    def __init__(self) -> None:
+        self.rules: list[tuple[str, object]] = []
+        self.current_plugin = "?"
+
+    def add(self, name: str, rule: object) -> None:
+        if any(n == name for n, _ in self.rules):
+            raise PluginError(
+                f"refusal rule '{name}' is registered twice (by '{self.current_plugin}')"
+            )
+        self.rules.append((name, rule))
