@@ -37,6 +37,16 @@ class Link(Frozen):
 class ScaleUpLink(Link):
     domain_size: PositiveInt = 8
     """Devices reachable over the scale-up fabric (8 in an HGX node, 72 in an NVL72 rack)."""
+    topology: Literal["switch", "mesh"] = "switch"
+    """switch: every device reaches any peer at full bandwidth (NVSwitch); mesh: one
+    direct link per peer (Infinity Fabric, HCCS), ``bandwidth_gb_per_s`` is the total
+    over all links, so a group of n uses (n − 1)/(domain − 1) of it."""
+
+    def group_bytes_per_s(self, group: int) -> float:
+        """Per-direction bandwidth a ring over ``group`` devices of the domain can use."""
+        if self.topology == "mesh" and self.domain_size > 1:
+            return self.bytes_per_s * min(1.0, (group - 1) / (self.domain_size - 1))
+        return self.bytes_per_s
 
 
 class DeviceSpec(Frozen):

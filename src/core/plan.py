@@ -16,8 +16,8 @@ class StageMemory(Frozen):
     """The busiest device of one pipeline stage, at its peak."""
 
     stage: int
-    layers: tuple[int, ...]
-    """Decoder layer indices the stage holds (all its chunks)."""
+    layers: tuple[tuple[int, int], ...]
+    """Decoder layers [start, stop) of each chunk the stage holds."""
     in_flight: tuple[int, ...]
     """Micro-batches in flight per chunk of the stage."""
     parts: dict[str, int]

@@ -274,9 +274,6 @@ def read_hf_config(
             }
         )
 
-    gpt_style = (
-        model_type in GPT_STYLE or cfg.str("position_embedding_type", assume=False) == "learned"
-    )
     position = cfg.str("position_embedding_type", assume=False)
     if position is None:
         if model_type == "mpt" or (
@@ -316,7 +313,7 @@ def read_hf_config(
             position_embedding=position,
             max_position_embeddings=max_pos,
             final_norm=norm,
-            final_norm_bias=kinds[0].norm_bias and gpt_style,
+            final_norm_bias=kinds[0].norm_bias,
             vision=vision,
             source=meta.get("source") or origin,
         )

@@ -1,0 +1,85 @@
+"""Fitted efficiency, overlap and reserve parameters (data, not code).
+
+Every parameter means something physical: the fraction of peak a large GEMM
+reaches, the fraction of a link's bandwidth a collective achieves, the share of a
+communication the framework hides under compute, the memory a runtime holds
+back. The shipped values are fitted on the even-``row_id`` measured runs; users
+fit their own with ``ndplan compare --fit`` and load them with ``--calibration``.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import Frozen
+from .cluster import DeviceSpec
+
+
+class DeviceEfficiency(Frozen):
+    """How close one device type gets to its datasheet rates."""
+
+    gemm: float = Field(default=0.70, gt=0, le=1)
+    """Fraction of the dense bf16 peak that large GEMMs reach."""
+    gemm_low_precision: float = Field(default=0.55, gt=0, le=1)
+    """Fraction of the fp8/fp4 peak that large low-precision GEMMs reach (scaling and casts)."""
+    gemm_half_gflop: float = Field(default=1.0, ge=0)
+    """GEMM size (GFLOP per call) at which efficiency falls to half: small GEMMs (big TP,
+    thin experts, small micro-batches) cannot fill the device."""
+    attention: float = Field(default=0.45, gt=0, le=1)
+    """Fraction of the bf16 peak the flash-attention kernels reach (forward and backward)."""
+    hbm: float = Field(default=0.75, gt=0, le=1)
+    """Fraction of HBM bandwidth that memory-bound kernels (norms, activations, optimizer) reach."""
+    scale_up_bus: float = Field(default=0.75, gt=0, le=1)
+    """Achieved bus-bandwidth fraction of collectives over the scale-up fabric."""
+    scale_out_bus: float = Field(default=0.80, gt=0, le=1)
+    """Achieved bus-bandwidth fraction of collectives over the scale-out network."""
+    kernel_launch_us: float = Field(default=4.0, ge=0)
+    """Fixed cost per kernel launch on the critical path, microseconds."""
+    reserve_gib: float | None = Field(default=None, ge=0)
+    """Fixed memory reserve; the device data's when None."""
+
+
+class Overlap(Frozen):
+    """Share of each communication a framework hides under compute (0 = none, 1 = all)."""
+
+    tp: float = Field(default=0.0, ge=0, le=1)
+    cp: float = Field(default=1.0, ge=0, le=1)
+    """Ring attention hides a K/V block's transfer behind the previous block's attention."""
+    ep: float = Field(default=0.0, ge=0, le=1)
+    pp: float = Field(default=0.8, ge=0, le=1)
+    dp: float = Field(default=0.9, ge=0, le=1)
+    """Of the gradient reduction that fits under the last micro-batch's backward."""
+    fsdp: float = Field(default=0.8, ge=0, le=1)
+    """Of the per-layer parameter gathers that fit under that layer's compute."""
+
+
+class Calibration(Frozen):
+    """The full set of fitted parameters."""
+
+    source: str = "built-in defaults"
+    default: DeviceEfficiency = Field(default_factory=DeviceEfficiency)
+    devices: dict[str, DeviceEfficiency] = Field(default_factory=dict)
+    """By device id or device family (see ``families``)."""
+    families: dict[str, str] = Field(default_factory=dict)
+    """Device id → family key, so parts of one generation share a fit."""
+    overlap: dict[str, Overlap] = Field(default_factory=dict)
+    """By framework name; ``default`` when absent."""
+    step_overhead_s: float = Field(default=0.0, ge=0)
+    """Fixed time per step outside the model (data loading, logging, launch gaps)."""
+    fit: dict[str, float] = Field(default_factory=dict)
+    """Figures from the fit that produced this file (rows used, train error)."""
+
+    def for_device(self, device: DeviceSpec) -> DeviceEfficiency:
+        if device.id in self.devices:
+            return self.devices[device.id]
+        family = self.families.get(device.id)
+        if family is not None and family in self.devices:
+            return self.devices[family]
+        return self.default
+
+    def overlap_for(self, framework: str) -> Overlap:
+        return self.overlap.get(framework) or self.overlap.get("default") or Overlap()
+
+    def reserve_gib(self, device: DeviceSpec) -> float:
+        eff = self.for_device(device)
+        return eff.reserve_gib if eff.reserve_gib is not None else device.memory_reserve_gib

@@ -1,0 +1,213 @@
+"""The pricing context: one search's fixed inputs, and where layers sit on stages."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .assumptions import AssumptionRecorder
+from .calibration import Calibration
+from .cluster import Cluster, DeviceSpec
+from .counting import KindParameters, kind_parameters
+from .frameworks import FrameworkTraits, traits_for
+from .job import Job, JobSettings
+from .layout import Layout
+from .model import ModelSpec
+from .units import GiB
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Consecutive decoder layers [start, stop) run as one pipeline chunk."""
+
+    start: int
+    stop: int
+    in_flight: int
+    """Micro-batches whose activations the chunk holds at the stage's peak."""
+
+
+@dataclass(frozen=True, slots=True)
+class StagePlacement:
+    """What one pipeline stage holds."""
+
+    index: int
+    chunks: tuple[Chunk, ...]
+    has_embedding: bool
+    has_head: bool
+    """The output layer and the loss."""
+    has_mtp: bool
+    groups: tuple[tuple[int, int, int], ...]
+    """(kind index, layer count, in-flight) aggregated over the stage's chunks."""
+    head_in_flight: int = 1
+    """Micro-batches whose loss activations the last stage holds at once."""
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return tuple(i for c in self.chunks for i in range(c.start, c.stop))
+
+    @property
+    def num_layers(self) -> int:
+        return sum(c.stop - c.start for c in self.chunks)
+
+    @property
+    def max_in_flight(self) -> int:
+        return max((c.in_flight for c in self.chunks), default=0)
+
+
+def even_split(num_layers: int, parts: int) -> tuple[int, ...]:
+    """Layers per chunk, as even as possible; the earlier chunks take the remainder last
+    (first and last stages also carry the embedding and the head)."""
+    base, extra = divmod(num_layers, parts)
+    # Spread the remainder over the middle chunks first: the ends hold embedding/head.
+    order = sorted(range(parts), key=lambda i: (min(i, parts - 1 - i) == 0, i))
+    counts = [base] * parts
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def interleaved_in_flight(pp: int, vpp: int, m: int, stage: int) -> tuple[int, ...]:
+    """Per chunk of ``stage``: forwards done before its first backward (Megatron's
+    interleaved 1F1B). Warm-up is ``2·(pp − stage − 1) + (vpp − 1)·pp`` forwards plus
+    the first steady-state one; forwards cycle through the chunks in blocks of ``pp``
+    micro-batches. Totals ``pp·vpp + pp − 1`` on stage 0, i.e. Megatron's factor
+    ``1 + (pp − 1)/(pp·vpp)`` on top of ``pp`` micro-batches."""
+    total_forwards = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+    counts = []
+    for chunk in range(vpp):
+        cycles, rem = divmod(total_forwards, pp * vpp)
+        counts.append(min(m, cycles * pp + min(pp, max(0, rem - chunk * pp))))
+    return tuple(counts)
+
+
+def place_layers(model: ModelSpec, layout: Layout) -> tuple[StagePlacement, ...]:
+    """Stages, their chunks, in-flight counts, and where embedding/head/MTP sit.
+
+    1F1B: stage ``i`` holds ``min(pp − i, m)``; GPipe: ``m``; interleaved: per chunk
+    (see :func:`interleaved_in_flight`); DualPipeV: chunk 0 of stage ``i`` holds
+    ``2·pp − 1 − i``, chunk 1 holds ``i + 1`` (capped at ``m``), and both ends of the
+    model (embedding and head) sit on stage 0.
+    """
+    pp, m = layout.pp, layout.num_microbatches
+    chunks_n = layout.chunks
+    counts = layout.layers_per_stage or even_split(model.num_layers, chunks_n)
+    bounds = [0]
+    for c in counts:
+        bounds.append(bounds[-1] + c)
+    stage_chunks: list[list[tuple[int, int, int]]] = [
+        [] for _ in range(pp)
+    ]  # (chunk id, start, stop)
+    for chunk_id in range(chunks_n):
+        if layout.schedule == "dualpipev":
+            stage = chunk_id if chunk_id < pp else 2 * pp - 1 - chunk_id
+        else:
+            stage = chunk_id % pp
+        stage_chunks[stage].append((chunk_id, bounds[chunk_id], bounds[chunk_id + 1]))
+
+    stages = []
+    for s in range(pp):
+        entries = stage_chunks[s]
+        if layout.schedule == "gpipe":
+            in_flight = [m] * len(entries)
+        elif layout.schedule == "interleaved":
+            in_flight = list(interleaved_in_flight(pp, layout.vpp, m, s))
+        elif layout.schedule == "dualpipev":
+            in_flight = [min(m, 2 * pp - 1 - s), min(m, s + 1)]
+        else:
+            in_flight = [min(pp - s, m)] * len(entries)
+        chunks = tuple(
+            Chunk(start, stop, k) for (_, start, stop), k in zip(entries, in_flight, strict=True)
+        )
+        group_counts: Counter[tuple[int, int]] = Counter()
+        for chunk in chunks:
+            for layer in range(chunk.start, chunk.stop):
+                group_counts[(model.layers[layer], chunk.in_flight)] += 1
+        groups = tuple(sorted((kind, n, k) for (kind, k), n in group_counts.items()))
+        first_chunk = entries[0][0] == 0 if entries else False
+        last_chunk_id = chunks_n - 1
+        has_head = any(cid == last_chunk_id for cid, _, _ in entries)
+        stages.append(
+            StagePlacement(
+                index=s,
+                chunks=chunks,
+                has_embedding=first_chunk or (s == 0),
+                has_head=has_head,
+                has_mtp=has_head and model.num_mtp_layers > 0,
+                groups=groups,
+                head_in_flight=m if layout.schedule == "gpipe" else 1,
+            )
+        )
+    return tuple(stages)
+
+
+@dataclass
+class PricingContext:
+    """Everything fixed during one search: the model, the hardware, the job, the fit.
+
+    Caches live here (not in module globals) so two searches never share state.
+    """
+
+    model: ModelSpec
+    cluster: Cluster
+    job: Job
+    recorder: AssumptionRecorder = field(default_factory=AssumptionRecorder)
+    calibration: Calibration = field(default_factory=Calibration)
+    capacity_bytes: int | None = None
+    """Usable device memory (--max-mem); the device capacity when None."""
+    balance_reserve_bytes: int = 0
+    """Held back for later balancing (--reserve)."""
+    reserve_bytes: int | None = None
+    """The fixed runtime reserve; the device's (or the calibration's) when None."""
+    cache: dict[Any, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.settings = JobSettings(self.job, self.recorder)
+        self.kind_params: tuple[KindParameters, ...] = tuple(
+            kind_parameters(k, self.model.hidden_size) for k in self.model.kinds
+        )
+        self.mtp_params: KindParameters | None = (
+            kind_parameters(self.model.mtp_kind, self.model.hidden_size)
+            if self.model.mtp_kind
+            else None
+        )
+
+    @property
+    def device(self) -> DeviceSpec:
+        return self.cluster.device
+
+    @property
+    def framework(self) -> FrameworkTraits:
+        traits = self.cache.get("framework")
+        if traits is None:
+            traits = self.cache["framework"] = traits_for(self.settings.framework)
+        return traits
+
+    @property
+    def device_capacity_bytes(self) -> int:
+        return self.capacity_bytes if self.capacity_bytes is not None else self.device.memory_bytes
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.device_capacity_bytes - self.balance_reserve_bytes
+
+    @property
+    def fixed_reserve_bytes(self) -> int:
+        if self.reserve_bytes is not None:
+            return self.reserve_bytes
+        gib = self.calibration.reserve_gib(self.device)
+        return int(gib * GiB)
+
+    def placement(self, layout: Layout) -> tuple[StagePlacement, ...]:
+        key = (
+            "placement",
+            layout.pp,
+            layout.vpp,
+            layout.schedule,
+            layout.num_microbatches,
+            layout.layers_per_stage,
+        )
+        found = self.cache.get(key)
+        if found is None:
+            found = self.cache[key] = place_layers(self.model, layout)
+        return found

@@ -1,0 +1,116 @@
+"""What each training framework offers and how it keeps its state.
+
+The framework a plan is for fixes which options exist (ZeRO stages, recompute
+switches, schedules, CP algorithms) and the bytes it keeps per parameter; the
+search and the models read these traits instead of branching on names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import InvalidInputError
+
+SWITCHES = ("core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn")
+"""Recomputable ops (spec/recompute.md): core attention (scores/softmax, or the flash
+kernel's saved state), the norms, the FFN activation function, the sequence-parallel
+all-gather outputs, MLA up-projections, the routed-expert FFN."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameworkTraits:
+    name: str
+    zero_stages: tuple[int, ...]
+    """ZeRO stages the framework offers (3 = FSDP)."""
+    schedules: tuple[str, ...]
+    switches: frozenset[str]
+    """Selective recompute switches it can apply per layer."""
+    forced_switches: frozenset[str]
+    """Switches always in effect (Megatron/TE re-gathers SP inputs in the backward)."""
+    selective: frozenset[str]
+    """What ``--recompute selective`` means in this framework."""
+    cp_kinds: tuple[str, ...]
+    main_grad_bytes: int
+    """Bytes per gradient element kept for the optimizer (fp32 main grads: 4)."""
+    fsdp_fp32_params: bool
+    """Sharded fp32 parameters serve as the master copy (torchtitan, llm-foundry FSDP)."""
+    expert_tp: bool
+    """Experts may use their own TP degree (ETP)."""
+    uneven_pipeline: bool
+    dp_bucket_bytes: int
+    """Gradient bucket memory outside the gradient buffer (DDP/DeepSpeed buckets)."""
+    grad_accumulation_sync: bool
+    """FSDP reduce-scatters gradients every micro-batch (no no_sync)."""
+
+
+FRAMEWORKS: dict[str, FrameworkTraits] = {
+    "megatron": FrameworkTraits(
+        name="megatron",
+        zero_stages=(0, 1, 3),
+        schedules=("1f1b", "interleaved", "dualpipev"),
+        switches=frozenset({"core_attn", "norm", "act", "mla_up", "moe_ffn"}),
+        forced_switches=frozenset({"sp_gather"}),
+        selective=frozenset({"core_attn"}),
+        cp_kinds=("ring", "all_to_all"),
+        main_grad_bytes=4,
+        fsdp_fp32_params=False,
+        expert_tp=True,
+        uneven_pipeline=True,
+        dp_bucket_bytes=0,
+        grad_accumulation_sync=False,
+    ),
+    "torchtitan": FrameworkTraits(
+        name="torchtitan",
+        zero_stages=(0, 3),
+        schedules=("1f1b", "interleaved", "gpipe", "dualpipev"),
+        switches=frozenset({"norm", "act"}),
+        forced_switches=frozenset(),
+        selective=frozenset({"norm", "act"}),
+        cp_kinds=("ring",),
+        main_grad_bytes=4,
+        fsdp_fp32_params=True,
+        expert_tp=True,
+        uneven_pipeline=True,
+        dp_bucket_bytes=2 * 25 * 2**20,
+        grad_accumulation_sync=True,
+    ),
+    "mindformers": FrameworkTraits(
+        name="mindformers",
+        zero_stages=(0, 1),
+        schedules=("1f1b", "interleaved"),
+        switches=frozenset({"core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn"}),
+        forced_switches=frozenset(),
+        selective=frozenset({"core_attn"}),
+        cp_kinds=("ring", "all_to_all"),
+        main_grad_bytes=4,
+        fsdp_fp32_params=False,
+        expert_tp=True,
+        uneven_pipeline=True,
+        dp_bucket_bytes=0,
+        grad_accumulation_sync=False,
+    ),
+    "deepspeed": FrameworkTraits(
+        name="deepspeed",
+        zero_stages=(0, 1, 2, 3),
+        schedules=("1f1b",),
+        switches=frozenset(),
+        forced_switches=frozenset(),
+        selective=frozenset(),
+        cp_kinds=("all_to_all",),
+        main_grad_bytes=2,
+        fsdp_fp32_params=False,
+        expert_tp=False,
+        uneven_pipeline=False,
+        dp_bucket_bytes=2 * 500_000_000 * 2,
+        grad_accumulation_sync=False,
+    ),
+}
+
+
+def traits_for(name: str) -> FrameworkTraits:
+    try:
+        return FRAMEWORKS[name]
+    except KeyError:
+        raise InvalidInputError(
+            f"framework '{name}' unknown; use one of {', '.join(FRAMEWORKS)}"
+        ) from None
