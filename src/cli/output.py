@@ -20,7 +20,10 @@ from rich.table import Table
 
 from ndplan.core.errors import InvalidInputError
 
-stdout = Console(highlight=False, soft_wrap=False)
+# Piped tables (`ndplan devices | grep h100`) must not be squeezed into rich's default
+# 80 columns, which truncates ids; a terminal (or $COLUMNS) still sets the width.
+_PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
+stdout = Console(highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
 stderr = Console(stderr=True, highlight=False)
 
 
@@ -59,7 +62,7 @@ def table(
 
 def note(message: str) -> None:
     """A diagnostic line on stderr."""
-    stderr.print(message, markup=False)
+    stderr.print(message, markup=False, soft_wrap=True)
 
 
 def write_atomic(path: Path, text: str, *, force: bool = False) -> None:

@@ -22,6 +22,8 @@ class FrameworkTraits:
     name: str
     zero_stages: tuple[int, ...]
     """ZeRO stages the framework offers (3 = FSDP)."""
+    default_zero: int
+    """The stage a layout uses when the user does not say (Megatron: distributed optimizer)."""
     schedules: tuple[str, ...]
     switches: frozenset[str]
     """Selective recompute switches it can apply per layer."""
@@ -30,8 +32,10 @@ class FrameworkTraits:
     selective: frozenset[str]
     """What ``--recompute selective`` means in this framework."""
     cp_kinds: tuple[str, ...]
-    main_grad_bytes: int
-    """Bytes per gradient element kept for the optimizer (fp32 main grads: 4)."""
+    grad_reduce_dtype: str
+    """Default gradient buffer / reduction dtype (Megatron-LM: fp32 main grads)."""
+    fused_loss: bool
+    """Whether the default cross-entropy avoids materialising fp32 logits."""
     fsdp_fp32_params: bool
     """Sharded fp32 parameters serve as the master copy (torchtitan, llm-foundry FSDP)."""
     expert_tp: bool
@@ -42,17 +46,24 @@ class FrameworkTraits:
     grad_accumulation_sync: bool
     """FSDP reduce-scatters gradients every micro-batch (no no_sync)."""
 
+    @property
+    def main_grad_bytes(self) -> int:
+        """Bytes per gradient element of the framework's default gradient buffer."""
+        return 4 if self.grad_reduce_dtype == "fp32" else 2
+
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {
     "megatron": FrameworkTraits(
         name="megatron",
         zero_stages=(0, 1, 3),
+        default_zero=1,
         schedules=("1f1b", "interleaved", "dualpipev"),
         switches=frozenset({"core_attn", "norm", "act", "mla_up", "moe_ffn"}),
         forced_switches=frozenset({"sp_gather"}),
         selective=frozenset({"core_attn"}),
         cp_kinds=("ring", "all_to_all"),
-        main_grad_bytes=4,
+        grad_reduce_dtype="fp32",
+        fused_loss=True,
         fsdp_fp32_params=False,
         expert_tp=True,
         uneven_pipeline=True,
@@ -62,12 +73,14 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
     "torchtitan": FrameworkTraits(
         name="torchtitan",
         zero_stages=(0, 3),
+        default_zero=3,
         schedules=("1f1b", "interleaved", "gpipe", "dualpipev"),
         switches=frozenset({"norm", "act"}),
         forced_switches=frozenset(),
         selective=frozenset({"norm", "act"}),
         cp_kinds=("ring",),
-        main_grad_bytes=4,
+        grad_reduce_dtype="fp32",
+        fused_loss=False,
         fsdp_fp32_params=True,
         expert_tp=True,
         uneven_pipeline=True,
@@ -77,12 +90,14 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
     "mindformers": FrameworkTraits(
         name="mindformers",
         zero_stages=(0, 1),
+        default_zero=1,
         schedules=("1f1b", "interleaved"),
         switches=frozenset({"core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn"}),
         forced_switches=frozenset(),
         selective=frozenset({"core_attn"}),
         cp_kinds=("ring", "all_to_all"),
-        main_grad_bytes=4,
+        grad_reduce_dtype="fp32",
+        fused_loss=False,
         fsdp_fp32_params=False,
         expert_tp=True,
         uneven_pipeline=True,
@@ -92,12 +107,14 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
     "deepspeed": FrameworkTraits(
         name="deepspeed",
         zero_stages=(0, 1, 2, 3),
+        default_zero=1,
         schedules=("1f1b",),
         switches=frozenset(),
         forced_switches=frozenset(),
         selective=frozenset(),
         cp_kinds=("all_to_all",),
-        main_grad_bytes=2,
+        grad_reduce_dtype="bf16",
+        fused_loss=False,
         fsdp_fp32_params=False,
         expert_tp=False,
         uneven_pipeline=False,

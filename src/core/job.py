@@ -52,7 +52,11 @@ class Job(Frozen):
     cp_kind: CPKind | None = None
     """Context-parallel algorithm: ring (P2P K/V exchange) or all-to-all (Ulysses)."""
     fused_loss: bool | None = None
-    """Whether the cross-entropy is fused/chunked, so fp32 logits are never materialised."""
+    """Whether the cross-entropy is fused/chunked, so fp32 logits are never materialised;
+    the framework's default when unstated."""
+    grad_reduce_dtype: Literal["fp32", "bf16"] | None = None
+    """Dtype of the gradient buffer and its data-parallel reduction; the framework's
+    default when unstated (Megatron-LM: fp32 main gradients)."""
     moe_capacity_factor: float | None = Field(default=None, gt=0)
     """Expert capacity factor; dropless, force-balanced routing (1.0) when unstated."""
 
@@ -64,9 +68,10 @@ JOB_DEFAULTS: dict[str, Any] = {
     "attention_kernel": "flash",
     "dropout": 0.0,
     "cp_kind": "ring",
-    "fused_loss": False,
     "moe_capacity_factor": 1.0,
 }
+FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype")
+"""Fields whose default depends on the framework (read from its traits)."""
 
 
 class JobSettings:
@@ -85,6 +90,11 @@ class JobSettings:
         value = getattr(self.job, name)
         if value is None and name in JOB_DEFAULTS:
             value = self.recorder.default(f"job.{name}", JOB_DEFAULTS[name], self.reader)
+        elif value is None and name in FRAMEWORK_DEFAULTED:
+            from .frameworks import traits_for
+
+            default = getattr(traits_for(self.framework), name)
+            value = self.recorder.default(f"job.{name}", default, f"{self.framework} default")
         # Cache on the instance: later reads skip __getattr__ entirely.
         setattr(self, name, value)
         return value

@@ -302,7 +302,7 @@ class NdplanMemoryModel:
                     2 * param_bytes + 4
                 )
         else:
-            grad_bytes = fw.main_grad_bytes
+            grad_bytes = 4 if ctx.settings.grad_reduce_dtype == "fp32" else 2
             if fw.fsdp_fp32_params:  # DDP under autocast: fp32 parameters are the master copy
                 param_bytes, optimizer_bytes = 4.0, optimizer_bytes - 4
             weight_shard = (dense_shard, expert_shard) if layout.zero >= 3 else (1, 1)
@@ -362,7 +362,7 @@ class NdplanMemoryModel:
             head = ACTIVATION_BYTES * n * h / sigma * 2  # final norm input and output
             # Logits for the loss: bf16 logits, plus the fp32 softmax a non-fused
             # cross-entropy keeps for its backward (and its fp32 working copy at peak).
-            logits = n * vocab * (2 if job.fused_loss else 2 + 4 + 4)
+            logits = n * vocab * (2 if job.fused_loss else 2 + 4 + 4)  # noqa: RUF100
             parts["loss_activations"] = (
                 k * head + logits + (k - 1) * n * vocab * (2 if job.fused_loss else 6)
             )

@@ -34,3 +34,25 @@ def ndplan_register_model_readers(registry):
     from ndplan.adapters.readers.hf import HFConfigReader
 
     registry.add("huggingface", HFConfigReader())
+
+
+@hookimpl(trylast=True)
+def ndplan_register_memory_models(registry):
+    from ndplan.core.memory import MegatronMemoryModel, NdplanMemoryModel
+
+    registry.add("ndplan", NdplanMemoryModel)
+    registry.add("megatron", MegatronMemoryModel)
+
+
+@hookimpl(trylast=True)
+def ndplan_register_cost_models(registry):
+    from ndplan.core.performance import NdplanCostModel
+
+    registry.add("ndplan", NdplanCostModel)
+
+
+@hookimpl(trylast=True)
+def ndplan_register_knapsack_solvers(registry):
+    from ndplan.core.kernels.knapsack import DefaultKnapsackSolver
+
+    registry.add("dp", DefaultKnapsackSolver)

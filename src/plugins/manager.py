@@ -95,6 +95,17 @@ def make_plugin_manager(
     for obj in extra:
         name = getattr(obj, "__name__", type(obj).__name__)
         register(obj, name, "in-process")
+    # pluggy accepts an implementation of a hook nobody specified (a typo) and never
+    # calls it; a plugin that silently does nothing is a broken plugin.
+    for hook_name, caller in vars(pm.hook).items():
+        if hook_name.startswith("_") or caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if not impl.optionalhook:
+                raise PluginError(
+                    f"plugin '{impl.plugin_name}' ({sources.get(impl.plugin_name, '?')}) "
+                    f"implements unknown hook '{hook_name}'; see docs/hooks.md"
+                )
 
     infos = []
     for name, plugin in pm.list_name_plugin():

@@ -49,19 +49,26 @@ class Registry(Generic[T]):
         old = self._entries.get(name)
         if old is not None:
             if old.replace and not replace:
+                # The replacement ran first; this is the original it replaces. A second
+                # original is still a duplicate, whatever the order the hooks ran in.
+                if old.replaced is not None:
+                    raise PluginError(
+                        f"{self.kind} '{name}' is registered by both '{old.replaced}' and "
+                        f"'{plugin}'; pass replace=True in '{plugin}' to replace it"
+                    )
                 old.replaced = plugin
-                return
-            if not replace:
+            elif not replace:
                 raise PluginError(
                     f"{self.kind} '{name}' is registered by both '{old.plugin}' and '{plugin}'; "
                     f"pass replace=True in '{plugin}' to replace it"
                 )
-            if old.replace:
+            elif old.replace:
                 raise PluginError(
                     f"{self.kind} '{name}' is replaced by both '{old.plugin}' and '{plugin}'; disable one "
                     "(NDPLAN_DISABLE_PLUGINS)"
                 )
-            self._entries[name] = Entry(name, value, plugin, True, old.plugin)
+            else:
+                self._entries[name] = Entry(name, value, plugin, True, old.plugin)
         else:
             self._entries[name] = Entry(name, value, plugin, replace)
         for alias in (name, *aliases):

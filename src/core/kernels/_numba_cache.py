@@ -24,7 +24,7 @@ __all__ = ["configure_numba_cache", "source_folder_is_writable", "user_cache_fol
 _KERNEL_FOLDER = Path(__file__).resolve().parent
 
 
-def source_folder_is_writable(folder: Path = _KERNEL_FOLDER) -> bool:
+def source_folder_is_writable(folder: Path) -> bool:
     """True when numba can keep its cache in ``folder/__pycache__``.
 
     ``os.access`` answers "yes" to root whatever the mode, so a folder whose
@@ -59,15 +59,15 @@ def _usable(folder: Path) -> bool:
     return True
 
 
-def configure_numba_cache() -> str | None:
-    """Point numba's cache at a user folder when the package folder is read-only.
+def configure_numba_cache(source_folder: Path = _KERNEL_FOLDER) -> str | None:
+    """Point numba's cache at a user folder when ``source_folder`` (the kernels') is read-only.
 
     Returns the cache folder chosen, or None when nothing was changed (the user
     set ``NUMBA_CACHE_DIR``, or the in-tree ``__pycache__`` is writable).
     """
     if os.environ.get("NUMBA_CACHE_DIR"):
         return None
-    if source_folder_is_writable():
+    if source_folder_is_writable(source_folder):
         return None
     candidates = [user_cache_folder()]
     uid = os.getuid() if hasattr(os, "getuid") else os.getpid()

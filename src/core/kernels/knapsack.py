@@ -11,15 +11,25 @@ domain objects:
 
 Nothing here imports numba: the kernel module is imported on the first solve
 that needs the DP, so ``import ndplan`` compiles nothing, and the common case
-(every layer's fastest option fits) never touches numba or numpy.
+(every layer's fastest option fits) neither touches numba nor builds arrays.
 
 Tie rules (deterministic, identical on both engines):
 
-- usefulness at an in-flight count: options with the same memory and time keep
-  the one listed first;
-- the DP prefers, at equal time for the same number of buckets, the layer's
-  lightest option (lowest memory), so the layers added last recompute more;
-- of the choices with the least time, the one with the fewest buckets wins.
+1. Usefulness at a group's in-flight count (step 1): options are sorted by
+   (memory at k, time, position in the input); an option is kept only when
+   strictly faster than every option before it. So of options with the same
+   memory the fastest stays, and of options equal in memory and time the one
+   listed first.
+2. Of the choices with the least time, the one keeping the fewest buckets
+   (``w``) wins; memory is compared in buckets, not bytes.
+3. Among choices equal in time and in buckets, the DP decides layer by layer
+   from the last: at each ``w`` a layer takes, of its options reaching the
+   least time, the lightest (lowest in the order of rule 1). Only float ties
+   reach this rule; e.g. 2 layers with options x (3 buckets, 1 s), y (2, 1.5 s),
+   z (1, 2 s) in 4 buckets: x+z and y+y both take 3 s; the last layer takes z.
+
+Per-layer DP throughout: identical layers of a group are not merged (a merged
+solve would sum times in another order and break bit-for-bit agreement).
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ __all__ = [
 DEFAULT_BUCKET_BYTES = 2**20
 Engine = Literal["auto", "python", "numba"]
 _MAX_OPTIONS = 255  # picks are stored as uint8
+_MAX_BUCKETS = 2**27  # a DP table this long is a bucket far too fine for the budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +312,7 @@ def _arrays(
             if len(u) > _MAX_OPTIONS:
                 raise ValueError(f"{len(u)} useful options in a group; at most {_MAX_OPTIONS}")
             for _, m, t in u:
-                weights.append(-(-int(m) // bucket))
+                weights.append(_buckets(m, bucket))
                 times.append(t)
         ptr.append(len(weights))
     return (
@@ -310,6 +321,19 @@ def _arrays(
         np.array(ptr, dtype=np.int64),
         np.array(counts, dtype=np.int64),
     )
+
+
+def _buckets(memory: float, bucket: int) -> int:
+    """Whole buckets, rounded up (exact for ints; also right for fractional bytes)."""
+    return int(-(-memory // bucket))
+
+
+def _check_cap(cap: int, bucket: int) -> None:
+    if cap > _MAX_BUCKETS:
+        raise ValueError(
+            f"the DP would need {cap:,} buckets of {bucket} bytes (at most {_MAX_BUCKETS:,}); "
+            "use a coarser bucket_bytes"
+        )
 
 
 def _fastest_time(useful: Sequence[_Useful], counts: Sequence[int]) -> float:
@@ -334,9 +358,15 @@ def choose(
 ) -> StageChoice | None:
     """The fastest recompute choice of a stage within ``budget_bytes`` (recompute.md steps 1–5).
 
-    Of the choices with the least time, the one keeping the fewest buckets.
-    ``None`` when nothing fits (budget < 0, or the lightest options overflow
-    once rounded up to whole buckets).
+    If every layer's fastest useful option fits (exact bytes), that is the
+    answer, without a DP. Otherwise memory is rounded up to whole buckets of
+    ``bucket_bytes`` and the DP finds the least time within
+    ``budget_bytes // bucket_bytes`` buckets; of the choices with the least
+    time, the one keeping the fewest buckets (ties: see the module docstring).
+    The result reports, per group, the layers on each option (slower options
+    first), the exact bytes kept, and the time summed layer by layer in group
+    order. ``None`` when nothing fits (budget < 0, or the lightest options
+    overflow once rounded up to whole buckets).
     """
     bucket = _check_bucket(bucket_bytes)
     _check_engine(engine)
@@ -366,9 +396,10 @@ def choose(
     lightest = 0
     for u, count in zip(useful, counts, strict=True):
         if count:
-            lightest += count * -(-int(u[0][1]) // bucket)
+            lightest += count * _buckets(u[0][1], bucket)
     if lightest > cap:
         return None
+    _check_cap(cap, bucket)
     weights, times, ptr, count_array = _arrays(useful, counts, bucket)
     time, _w, picks = _engine(engine).dp_choose(weights, times, ptr, count_array, cap)
     if time == math.inf:  # pragma: no cover - excluded by the lightest check above
@@ -420,13 +451,14 @@ def least_times(
     for u, count in zip(useful, counts, strict=True):
         if count:
             fastest_memory += count * u[-1][1]
-            fastest_weight += count * -(-int(u[-1][1]) // bucket)
+            fastest_weight += count * _buckets(u[-1][1], bucket)
     out = np.full(b.shape, np.inf)
     out[b >= fastest_memory] = _fastest_time(useful, counts)
     asked = (b >= 0) & (b < fastest_memory)
     if asked.any():
         caps = (b[asked] // bucket).astype(np.int64)
         cap = min(int(caps.max()), fastest_weight)
+        _check_cap(cap, bucket)
         weights, times, ptr, count_array = _arrays(useful, counts, bucket)
         table = _engine(engine).dp_least(weights, times, ptr, count_array, cap)
         out[asked] = table[np.minimum(caps, cap)]
@@ -471,6 +503,7 @@ def suffix_times(
             caps[i] = int(b[i] // bucket)
     asked = caps >= 0
     if asked.any():
+        _check_cap(int(caps.max()), bucket)
         weights, times, ptr, _ = _arrays(useful, [1] * n, bucket)
         dp = _engine(engine).dp_suffix(weights, times, ptr, caps)
         out[asked] = dp[asked]

@@ -1,0 +1,239 @@
+"""``ndplan estimate``: price one given layout."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ndplan.core.errors import InvalidInputError
+from ndplan.core.layout import Layout
+from ndplan.planner import PricingOptions
+
+from .common import (
+    AttentionOpt,
+    CalibrationOpt,
+    DeviceOpt,
+    DevicesOpt,
+    DropoutOpt,
+    FrameworkOpt,
+    GbsOpt,
+    GradDtypeOpt,
+    JobInputs,
+    MaxMemOpt,
+    ModelOpt,
+    PrecisionOpt,
+    ReserveOpt,
+    RuntimeReserveOpt,
+    SeqOpt,
+    build_context,
+)
+from .options import DeviceFiles, Json, Strict, state
+from .output import note, print_json, stdout
+from .render import plan_report
+
+Degree = Annotated[int, typer.Option(min=1)]
+
+
+def layout_from_flags(
+    *,
+    devices: int,
+    gbs: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    dp: int | None,
+    vpp: int,
+    ep: int,
+    etp: int | None,
+    mbs: int,
+    zero: int,
+    sp: bool | None,
+    recompute: str,
+    offload: bool,
+    schedule: str | None,
+) -> Layout:
+    """A Layout from flags: dp and the micro-batch count follow from the device count and batch."""
+    model_parallel = tp * pp * cp
+    if dp is None:
+        if devices % model_parallel:
+            raise InvalidInputError(
+                f"tp({tp})·pp({pp})·cp({cp}) = {model_parallel} does not divide devices({devices}); "
+                "change a degree or --devices"
+            )
+        dp = devices // model_parallel
+    if gbs % (dp * mbs):
+        raise InvalidInputError(
+            f"global batch({gbs}) is not a multiple of dp({dp})·mbs({mbs}) = {dp * mbs}; change --gbs or --mbs"
+        )
+    if schedule is None:
+        schedule = "interleaved" if vpp > 1 else "1f1b"
+    try:
+        return Layout(
+            dp=dp,
+            tp=tp,
+            pp=pp,
+            vpp=vpp,
+            cp=cp,
+            ep=ep,
+            etp=etp,
+            mbs=mbs,
+            num_microbatches=gbs // (dp * mbs),
+            zero=zero,
+            sp=(tp > 1) if sp is None else sp,
+            schedule=schedule,
+            recompute=recompute,
+            offload_optimizer=offload,
+        )
+    except ValueError as exc:
+        msg = str(exc).split("\n")[1].strip() if "\n" in str(exc) else str(exc)
+        raise InvalidInputError(f"layout: {msg.removeprefix('Value error, ')}") from None
+
+
+def estimate(
+    ctx: typer.Context,
+    model: ModelOpt,
+    device: DeviceOpt,
+    devices: DevicesOpt,
+    gbs: GbsOpt,
+    seq_len: SeqOpt,
+    tp: Annotated[int, typer.Option("--tp", min=1, help="Tensor parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", min=1, help="Pipeline stages.")] = 1,
+    vpp: Annotated[
+        int, typer.Option("--vpp", min=1, help="Virtual pipeline chunks per stage.")
+    ] = 1,
+    cp: Annotated[int, typer.Option("--cp", min=1, help="Context parallel degree.")] = 1,
+    dp: Annotated[
+        int | None,
+        typer.Option(
+            "--dp",
+            min=1,
+            help="Data parallel degree [default: devices/(tp·pp·cp)].",
+            show_default=False,
+        ),
+    ] = None,
+    ep: Annotated[int, typer.Option("--ep", min=1, help="Expert parallel degree.")] = 1,
+    etp: Annotated[
+        int | None,
+        typer.Option(
+            "--etp", min=1, help="Expert tensor parallel degree [default: tp].", show_default=False
+        ),
+    ] = None,
+    mbs: Annotated[int, typer.Option("--mbs", min=1, help="Micro-batch size.")] = 1,
+    zero: Annotated[
+        int | None,
+        typer.Option(
+            "--zero",
+            min=0,
+            max=3,
+            help="ZeRO stage (1 = distributed optimizer, 3 = FSDP) [default: the framework's].",
+            show_default=False,
+        ),
+    ] = None,
+    sp: Annotated[
+        bool | None,
+        typer.Option(
+            "--sp/--no-sp",
+            help="Sequence parallelism [default: on when tp > 1].",
+            show_default=False,
+        ),
+    ] = None,
+    recompute: Annotated[
+        str,
+        typer.Option("--recompute", help="none, selective, full, or auto (per-layer knapsack)."),
+    ] = "none",
+    offload_optimizer: Annotated[
+        bool, typer.Option("--offload-optimizer", help="Keep optimizer state in host memory.")
+    ] = False,
+    schedule: Annotated[
+        str | None,
+        typer.Option(
+            "--schedule",
+            help="1f1b, interleaved, gpipe or dualpipev [default: interleaved when vpp > 1].",
+            show_default=False,
+        ),
+    ] = None,
+    precision: PrecisionOpt = None,
+    framework: FrameworkOpt = None,
+    attention: AttentionOpt = None,
+    dropout: DropoutOpt = None,
+    grad_dtype: GradDtypeOpt = None,
+    memory_mode: Annotated[
+        str,
+        typer.Option(
+            "--memory-mode", help="ndplan (complete) or megatron (Megatron-LM's estimate)."
+        ),
+    ] = "ndplan",
+    max_mem: MaxMemOpt = None,
+    reserve: ReserveOpt = 0.0,
+    runtime_reserve: RuntimeReserveOpt = None,
+    calibration: CalibrationOpt = None,
+    strict: Strict = False,
+    device_file: DeviceFiles = None,
+    as_json: Json = False,
+) -> None:
+    """Price one layout: memory per stage with its parts, whether it fits, the step time.
+
+    Example: ndplan estimate -m llama-3-70b -d h100 -n 64 --gbs 128 -s 8192 --tp 4 --pp 4 --vpp 5 --cp 2
+    """
+    if recompute not in ("none", "selective", "full", "auto"):
+        raise InvalidInputError(
+            f"--recompute: '{recompute}' unknown; use none, selective, full or auto"
+        )
+    if memory_mode not in ("ndplan", "megatron"):
+        raise InvalidInputError(f"--memory-mode: '{memory_mode}' unknown; use ndplan or megatron")
+    if schedule is not None and schedule not in ("1f1b", "interleaved", "gpipe", "dualpipev"):
+        raise InvalidInputError(
+            f"--schedule: '{schedule}' unknown; use 1f1b, interleaved, gpipe or dualpipev"
+        )
+    options = PricingOptions(
+        memory_model=memory_mode,
+        max_mem_gib=max_mem,
+        balance_reserve_gib=reserve,
+        reserve_gib=runtime_reserve,
+        calibration=calibration,
+    )
+    job = JobInputs(gbs, seq_len, precision, framework, attention, dropout, grad_dtype)
+    planner, pctx = build_context(
+        state(ctx),
+        model=model,
+        device=device,
+        devices=devices,
+        job=job,
+        device_files=device_file,
+        strict=strict,
+        options=options,
+    )
+    if zero is None:
+        zero = pctx.recorder.default(
+            "layout.zero", pctx.framework.default_zero, f"{pctx.framework.name} default"
+        )
+    layout = layout_from_flags(
+        devices=devices,
+        gbs=gbs,
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        dp=dp,
+        vpp=vpp,
+        ep=ep,
+        etp=etp,
+        mbs=mbs,
+        zero=zero,
+        sp=sp,
+        recompute=recompute,
+        offload=offload_optimizer,
+        schedule=schedule,
+    )
+    plan = planner.estimate(pctx, layout, options)
+    if as_json:
+        print_json(plan)
+    else:
+        stdout.print(plan_report(pctx, plan))
+    line = pctx.recorder.line()
+    if line:
+        note(line)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(estimate)

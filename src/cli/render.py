@@ -1,0 +1,124 @@
+"""Rendering plans for people: memory per stage, step-time parts, recompute ranges."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Group
+from rich.text import Text
+
+from ndplan.core.context import PricingContext
+from ndplan.core.plan import Plan, RecomputeRange
+
+from .output import table
+
+MAX_STAGE_COLUMNS = 8
+
+
+def layout_line(plan: Plan) -> str:
+    lay = plan.layout
+    parts = [f"dp {lay.dp}", f"tp {lay.tp}", f"pp {lay.pp}"]
+    if lay.vpp > 1:
+        parts[-1] += f" (vpp {lay.vpp})"
+    parts += [f"cp {lay.cp}"]
+    if lay.ep > 1 or lay.etp:
+        parts.append(f"ep {lay.ep}" + (f" etp {lay.expert_tp}" if lay.expert_tp != lay.tp else ""))
+    parts += [
+        f"mbs {lay.mbs} × {lay.num_microbatches}",
+        f"zero {lay.zero}",
+        f"sp {'on' if lay.sequence_parallel else 'off'}",
+        f"{lay.schedule}",
+        f"recompute {lay.recompute}",
+    ]
+    if lay.offload_optimizer:
+        parts.append("optimizer offloaded")
+    return " · ".join(parts)
+
+
+def _stage_columns(n: int, peak: int) -> list[int]:
+    if n <= MAX_STAGE_COLUMNS:
+        return list(range(n))
+    keep = {0, 1, 2, peak, n - 2, n - 1}
+    extra = iter(i for i in range(3, n - 2) if i not in keep)
+    while len(keep) < MAX_STAGE_COLUMNS:
+        keep.add(next(extra))
+    return sorted(keep)
+
+
+def memory_table(plan: Plan):
+    mem = plan.memory
+    cols = _stage_columns(len(mem.stages), mem.peak_stage)
+    names: list[str] = []
+    for stage in mem.stages:
+        for name in stage.parts:
+            if name not in names:
+                names.append(name)
+    rows = []
+    for name in names:
+        rows.append([name] + [f"{mem.stages[i].parts.get(name, 0) / 2**30:.2f}" for i in cols])
+    rows.append(["total"] + [f"{mem.stages[i].total_bytes / 2**30:.2f}" for i in cols])
+    title = f"memory per device, GiB ({mem.mode} model)"
+    if len(cols) < len(mem.stages):
+        title += f" — {len(cols)} of {len(mem.stages)} stages shown"
+    return table(title, ["part"] + [(f"stage {i}", "right") for i in cols], rows)
+
+
+def memory_verdict(plan: Plan) -> str:
+    mem = plan.memory
+    verdict = (
+        "fits"
+        if mem.fits
+        else f"DOES NOT FIT (over by {(mem.peak_bytes - mem.budget_bytes) / 2**30:.2f} GiB)"
+    )
+    return (
+        f"peak {mem.peak_bytes / 2**30:.2f} GiB on stage {mem.peak_stage}; budget "
+        f"{mem.budget_bytes / 2**30:.2f} GiB of {mem.capacity_bytes / 2**30:.2f} GiB — {verdict}"
+    )
+
+
+def time_table(plan: Plan):
+    t = plan.time
+    rows = [
+        (name, f"{v:.4f}", f"{100 * v / t.step_s:.1f}%") for name, v in t.parts.items() if v > 0
+    ]
+    rows.append(("step", f"{t.step_s:.4f}", "100%"))
+    return table("step time, s", ["part", ("seconds", "right"), ("share", "right")], rows)
+
+
+def rates_line(plan: Plan) -> str:
+    return (
+        f"{plan.tokens_per_s_per_device:,.0f} tokens/s/device · {plan.model_tflops_per_device:,.0f} model "
+        f"TFLOP/s/device · MFU {100 * plan.mfu:.1f}% · HFU {100 * plan.hfu:.1f}%"
+    )
+
+
+def recompute_lines(ranges: Sequence[RecomputeRange]) -> list[str]:
+    """``stage 0: layers 0-5 full, 6-19 none``."""
+    by_stage: dict[int, list[str]] = {}
+    for r in ranges:
+        span = f"{r.start}" if r.stop - r.start == 1 else f"{r.start}-{r.stop - 1}"
+        by_stage.setdefault(r.stage, []).append(f"{span} {r.option}")
+    return [f"stage {s}: layers " + ", ".join(items) for s, items in sorted(by_stage.items())]
+
+
+def header(ctx: PricingContext) -> str:
+    job = ctx.job
+    return (
+        f"{ctx.model.name} on {ctx.cluster.num_devices} × {ctx.device.id} · gbs {job.global_batch_size} · "
+        f"seq {job.seq_length} · {ctx.settings.precision} · {ctx.settings.framework}"
+    )
+
+
+def plan_report(ctx: PricingContext, plan: Plan, *, show_recompute: bool = True) -> Group:
+    items = [
+        Text(header(ctx), style="bold"),
+        Text("layout: " + layout_line(plan)),
+        memory_table(plan),
+        Text(memory_verdict(plan)),
+    ]
+    if plan.time is not None:
+        items += [time_table(plan), Text(rates_line(plan))]
+    if show_recompute and plan.recompute and plan.layout.recompute == "auto":
+        items.append(Text("recompute:"))
+        items += [Text("  " + line) for line in recompute_lines(plan.recompute)]
+    return Group(*items)

@@ -1,0 +1,91 @@
+"""Collectives priced with the alpha–beta model over the links a group spans.
+
+Ring algorithms (spec/performance.md): all-reduce ``2·(n−1)/n · S/bw + 2·(n−1)·α``;
+all-gather and reduce-scatter ``(n−1)/n · S/bw + (n−1)·α``; all-to-all
+``(n−1)/n · S/bw``, where ``S`` is the full (gathered) size and ``bw`` the
+per-direction bandwidth of the slowest link the group crosses, times an achieved
+bus-bandwidth fraction. Which links a group crosses depends on the placement
+order of the dimensions (TP innermost by default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .calibration import DeviceEfficiency
+from .cluster import Cluster
+
+DEFAULT_ORDER = ("tp", "cp", "dp", "pp")
+"""Placement order, innermost first: TP inside a node, PP outermost. EP is carved out
+of the DP (and CP, TP) ranks, so it sits where DP does."""
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLink:
+    """What one communication group of a layout runs over."""
+
+    size: int
+    bytes_per_s: float
+    """Achieved per-direction bandwidth of the slowest link the ring crosses."""
+    latency_s: float
+    members_per_domain: int
+    """Group members inside one scale-up domain (for all-to-all's intra/inter split)."""
+    intra_bytes_per_s: float
+    """Achieved per-direction scale-up bandwidth (all-to-all's in-domain share)."""
+
+
+def group_link(cluster: Cluster, eff: DeviceEfficiency, size: int, stride: int) -> GroupLink:
+    """A group of ``size`` ranks spaced ``stride`` apart in the rank order."""
+    device = cluster.device
+    domain = cluster.scale_up_domain
+    up = device.scale_up
+    intra = up.group_bytes_per_s(max(2, min(size, domain))) * eff.scale_up_bus
+    if size <= 1:
+        return GroupLink(1, float("inf"), 0.0, 1, float("inf"))
+    span = stride * size
+    if span <= domain:
+        return GroupLink(
+            size, up.group_bytes_per_s(size) * eff.scale_up_bus, up.latency_s, size, intra
+        )
+    members = max(1, domain // stride) if stride < domain else 1
+    out = device.scale_out
+    return GroupLink(size, out.bytes_per_s * eff.scale_out_bus, out.latency_s, members, intra)
+
+
+def all_gather_s(link: GroupLink, total_bytes: float) -> float:
+    """All-gather (or reduce-scatter) of a tensor of ``total_bytes`` in all."""
+    n = link.size
+    if n <= 1 or total_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * total_bytes / link.bytes_per_s + (n - 1) * link.latency_s
+
+
+reduce_scatter_s = all_gather_s
+
+
+def all_reduce_s(link: GroupLink, total_bytes: float) -> float:
+    n = link.size
+    if n <= 1 or total_bytes <= 0:
+        return 0.0
+    return 2 * (n - 1) / n * total_bytes / link.bytes_per_s + 2 * (n - 1) * link.latency_s
+
+
+def all_to_all_s(link: GroupLink, bytes_per_rank: float) -> float:
+    """All-to-all where each rank sends ``bytes_per_rank`` spread evenly over the group.
+
+    Traffic to peers in the same scale-up domain moves at the scale-up rate, the rest
+    over the scale-out link; the two proceed concurrently, the slower one decides.
+    """
+    n = link.size
+    if n <= 1 or bytes_per_rank <= 0:
+        return 0.0
+    local = min(link.members_per_domain, n)
+    intra = (local - 1) / n * bytes_per_rank / link.intra_bytes_per_s
+    inter = (n - local) / n * bytes_per_rank / link.bytes_per_s if local < n else 0.0
+    return max(intra, inter) + link.latency_s
+
+
+def send_recv_s(link: GroupLink, nbytes: float) -> float:
+    if nbytes <= 0 or link.size <= 1:
+        return 0.0
+    return nbytes / link.bytes_per_s + link.latency_s

@@ -1,0 +1,680 @@
+"""The step-time model (spec/performance.md).
+
+Per layer and micro-batch: GEMMs priced at the device's peak times a size-dependent
+efficiency (small GEMMs cannot fill the device) with a memory roofline; flash
+attention at its own efficiency; norms, activations, rotary embeddings, casts and
+permutations as bytes over HBM bandwidth; TP/SP, CP and EP communication exposed
+where the framework does not hide it. Stages compose into a pipeline schedule
+(1F1B, interleaved, GPipe, DualPipeV), plus exposed data-parallel communication,
+the optimizer step and a fixed per-step overhead. The parts sum to the step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .calibration import Calibration, DeviceEfficiency, Overlap
+from .collectives import (
+    DEFAULT_ORDER,
+    GroupLink,
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    group_link,
+    reduce_scatter_s,
+    send_recv_s,
+)
+from .context import PricingContext, StagePlacement
+from .counting import core_attention_flops, count_flops
+from .layout import Layout
+from .memory import ACTIVATION_BYTES, NdplanMemoryModel, padded_vocab
+from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
+from .plan import TimeBreakdown
+from .ports import Recompute
+
+TIME_PARTS = (
+    "forward",
+    "backward",
+    "recompute",
+    "tp_comm",
+    "cp_comm",
+    "ep_comm",
+    "pp_comm",
+    "bubble",
+    "dp_comm",
+    "optimizer",
+    "overhead",
+)
+LAYER_PARTS = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm")
+FLASH_BACKWARD_FACTOR = 2.5
+"""Flash attention's backward runs five matmuls against the forward's two."""
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One forward op of a layer: its seconds, and the switches that re-run it in the backward."""
+
+    name: str
+    forward_s: float
+    backward_s: float
+    recomputed_by: frozenset[str]
+    kernels: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LayerCost:
+    """Everything the time of one layer under any recompute option is built from."""
+
+    ops: tuple[Op, ...]
+    tp_forward_s: float
+    tp_backward_s: float
+    sp_regather_s: float
+    """Re-gathering the SP inputs in the backward (when the gathered copies are dropped)."""
+    cp_forward_s: float
+    cp_backward_s: float
+    ep_forward_s: float
+    ep_backward_s: float
+    attention_forward_s: float
+    launch_s: float
+    flops: float
+    """Forward model FLOPs of the layer on one device, one micro-batch."""
+    recompute_flops: dict[str, float]
+    """Forward FLOPs each switch re-runs (for hardware FLOPs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    tp: GroupLink
+    cp: GroupLink
+    ep: GroupLink
+    dp: GroupLink
+    expert_dp: GroupLink
+    pp: GroupLink
+
+
+class NdplanCostModel:
+    """ndplan's analytic step-time model (the default CostModel)."""
+
+    name = "ndplan"
+
+    def __init__(
+        self, calibration: Calibration | None = None, order: tuple[str, ...] = DEFAULT_ORDER
+    ) -> None:
+        self.calibration = calibration
+        self.order = order
+        self._memory = NdplanMemoryModel()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _calibration(self, ctx: PricingContext) -> Calibration:
+        return self.calibration if self.calibration is not None else ctx.calibration
+
+    def efficiency(self, ctx: PricingContext) -> DeviceEfficiency:
+        found = ctx.cache.get("efficiency")
+        if found is None:
+            found = ctx.cache["efficiency"] = self._calibration(ctx).for_device(ctx.device)
+        return found
+
+    def overlap(self, ctx: PricingContext) -> Overlap:
+        found = ctx.cache.get("overlap")
+        if found is None:
+            found = ctx.cache["overlap"] = self._calibration(ctx).overlap_for(
+                ctx.settings.framework
+            )
+        return found
+
+    def links(self, ctx: PricingContext, layout: Layout) -> Links:
+        key = ("links", layout.tp, layout.cp, layout.dp, layout.pp, layout.ep, layout.expert_tp)
+        found = ctx.cache.get(key)
+        if found is not None:
+            return found
+        eff = self.efficiency(ctx)
+        sizes = {"tp": layout.tp, "cp": layout.cp, "dp": layout.dp, "pp": layout.pp}
+        strides = {}
+        stride = 1
+        for dim in self.order:
+            strides[dim] = stride
+            stride *= sizes[dim]
+        cl = ctx.cluster
+        # Experts are carved out of DP×CP(×TP): an EP group starts at the expert-TP stride.
+        expert_stride = layout.expert_tp if layout.expert_tp == layout.tp else 1
+        ep_span_stride = max(1, expert_stride)
+        found = Links(
+            tp=group_link(cl, eff, layout.tp, strides["tp"]),
+            cp=group_link(cl, eff, layout.cp, strides["cp"]),
+            ep=group_link(cl, eff, layout.ep, ep_span_stride),
+            dp=group_link(cl, eff, layout.dp * layout.cp, min(strides["dp"], strides["cp"])),
+            expert_dp=group_link(cl, eff, layout.expert_data_parallel, ep_span_stride * layout.ep),
+            pp=group_link(cl, eff, 2 if layout.pp > 1 else 1, strides["pp"]),
+        )
+        ctx.cache[key] = found
+        return found
+
+    def _gemm_s(
+        self,
+        ctx: PricingContext,
+        m: float,
+        k: float,
+        n: float,
+        count: float = 1.0,
+        low_precision: bool | None = None,
+    ) -> float:
+        """``count`` GEMMs of m×k by k×n: compute at a size-dependent efficiency, or the
+        memory roofline, whichever is slower."""
+        if m <= 0 or k <= 0 or n <= 0 or count <= 0:
+            return 0.0
+        eff = self.efficiency(ctx)
+        job = ctx.settings
+        lp = job.is_low_precision if low_precision is None else low_precision
+        flops = 2.0 * m * k * n
+        peak = ctx.device.peak_flops(job.gemm_precision if lp else "bf16")
+        top = eff.gemm_low_precision if lp else eff.gemm
+        half = eff.gemm_half_gflop * 1e9
+        efficiency = top * flops / (flops + half) if half > 0 else top
+        compute = flops / (peak * efficiency)
+        element = 1.0 if lp else 2.0
+        memory = (m * k + k * n) * element + m * n * ACTIVATION_BYTES
+        bound = memory / (ctx.device.hbm_bytes_per_s * eff.hbm)
+        return count * max(compute, bound)
+
+    def _hbm_s(self, ctx: PricingContext, nbytes: float) -> float:
+        return nbytes / (ctx.device.hbm_bytes_per_s * self.efficiency(ctx).hbm)
+
+    # ------------------------------------------------------------------ per layer
+
+    def layer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
+        # A layer's cost depends on the degrees that shard it, not on dp or pp.
+        key = (
+            "layer_cost",
+            kind.name,
+            layout.tp,
+            layout.cp,
+            layout.sequence_parallel,
+            layout.ep,
+            layout.expert_tp,
+            layout.mbs,
+        )
+        found = ctx.cache.get(key)
+        if found is None:
+            found = ctx.cache[key] = self._layer_cost(ctx, layout, kind)
+        return found
+
+    def _layer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
+        job = ctx.settings
+        h = ctx.model.hidden_size
+        t = layout.tp
+        sp = layout.sequence_parallel
+        sigma = t if sp else 1
+        n = layout.mbs * ctx.job.seq_length / layout.cp
+        seq = ctx.job.seq_length
+        ab = ACTIVATION_BYTES
+        lp = job.is_low_precision
+        cast = (
+            (ab + 2.0) if lp else 0.0
+        )  # quantise a linear input: read bf16, write two fp8 layouts
+        links = self.links(ctx, layout)
+        ops: list[Op] = []
+        rec_flops: dict[str, float] = {}
+        flops = 0.0
+
+        def gemm(
+            name: str,
+            m: float,
+            k: float,
+            nn: float,
+            switches=(),
+            count: float = 1.0,
+            low_precision: bool | None = None,
+        ) -> None:
+            nonlocal flops
+            fwd = self._gemm_s(ctx, m, k, nn, count, low_precision)
+            if (low_precision is None and lp) or low_precision:
+                fwd += self._hbm_s(ctx, cast * m * k * count)
+            ops.append(Op(name, fwd, 2 * fwd, frozenset(switches), kernels=2))
+            f = 2.0 * m * k * nn * count
+            flops += f
+            for sw in switches:
+                rec_flops[sw] = rec_flops.get(sw, 0.0) + f
+
+        def elementwise(
+            name: str, nbytes: float, switches=(), backward_factor: float = 2.0
+        ) -> None:
+            fwd = self._hbm_s(ctx, nbytes)
+            ops.append(Op(name, fwd, backward_factor * fwd, frozenset(switches)))
+
+        # Norms: read input, write output (two per layer, plus q/k norms).
+        elementwise("norms", kind.norms_per_layer / 2 * 2 * 2 * ab * n * h / sigma, ("norm",))
+        elementwise("residual_adds", 2 * 3 * ab * n * h / sigma)
+        if job.dropout > 0:
+            elementwise("dropout", 2 * (2 * ab + 1) * n * h / sigma)
+
+        att = kind.attention
+        if isinstance(att, StandardAttention):
+            q_w = att.num_heads * att.head_dim * (2 if att.output_gate else 1)
+            kv_w = max(att.num_kv_heads, t) * att.head_dim
+            gemm("qkv_proj", n, h, (q_w + 2 * kv_w) / t)
+            if att.qk_norm:
+                elementwise("qk_norm", 2 * ab * n * (q_w + kv_w) / t, ("norm",))
+            elementwise("rope", 2 * ab * n * (att.num_heads * att.head_dim + kv_w) / t)
+            att_flops = n * core_attention_flops(att, seq, "causal") / t
+            gemm("out_proj", n, att.num_heads * att.head_dim / t, h)
+            kv_bytes_per_token = 2 * kv_w / t * ab
+            heads_local = att.num_heads / t
+        elif isinstance(att, LatentAttention):
+            a = att.num_heads
+            d_qk = att.qk_nope_head_dim + att.qk_rope_head_dim
+            if att.q_lora_rank:
+                gemm("q_down", n, h, att.q_lora_rank)
+                gemm("q_up", n, att.q_lora_rank, a * d_qk / t, ("mla_up",))
+            else:
+                gemm("q_proj", n, h, a * d_qk / t)
+            gemm("kv_down", n, h, att.kv_lora_rank + att.qk_rope_head_dim)
+            gemm(
+                "kv_up",
+                n,
+                att.kv_lora_rank,
+                a * (att.qk_nope_head_dim + att.v_head_dim) / t,
+                ("mla_up",),
+            )
+            elementwise("rope", 2 * ab * n * 2 * a * att.qk_rope_head_dim / t)
+            att_flops = n * core_attention_flops(att, seq, "causal") / t
+            gemm("out_proj", n, a * att.v_head_dim / t, h)
+            kv_bytes_per_token = a * (d_qk + att.v_head_dim) / t * ab
+            heads_local = a / t
+        else:
+            lin: LinearAttention = att
+            key_w = lin.num_key_heads * lin.key_head_dim
+            val_w = lin.num_value_heads * lin.value_head_dim
+            gemm("in_proj", n, h, (2 * key_w + 2 * val_w + 2 * lin.num_value_heads) / t)
+            elementwise("conv_gates", 4 * ab * n * (2 * key_w + val_w) / t, ("core_attn",))
+            att_flops = n * core_attention_flops(lin, seq, "causal") / t
+            gemm("out_proj", n, val_w / t, h)
+            kv_bytes_per_token = 0.0
+            heads_local = lin.num_value_heads / t
+        eff = self.efficiency(ctx)
+        attention_s = att_flops / (ctx.device.peak_flops("bf16") * eff.attention)
+        if job.attention_kernel == "eager" and not isinstance(att, LinearAttention):
+            attention_s += self._hbm_s(ctx, 5 * ab * heads_local * n * seq)
+        ops.append(
+            Op(
+                "core_attention",
+                attention_s,
+                FLASH_BACKWARD_FACTOR * attention_s,
+                frozenset({"core_attn"}),
+                kernels=2,
+            )
+        )
+        flops += att_flops
+        rec_flops["core_attn"] = rec_flops.get("core_attn", 0.0) + att_flops
+
+        ffn = kind.ffn
+        ep_fwd = 0.0
+        if isinstance(ffn, DenseFFN):
+            width = ffn.intermediate_size
+            gemm("fc1", n, h, (2 if ffn.gated else 1) * width / t)
+            elementwise("activation", (3 if ffn.gated else 2) * ab * n * width / t, ("act",))
+            gemm("fc2", n, width / t, h)
+        else:
+            moe: MoEFFN = ffn
+            gemm("router", n / sigma, h, moe.num_experts, low_precision=False)
+            elementwise("routing", 4 * 2 * n / sigma * moe.num_experts)
+            copies = n / sigma * moe.top_k * job.moe_capacity_factor * layout.expert_tp
+            local_experts = moe.num_experts / layout.ep
+            per_expert = copies / local_experts
+            width = moe.expert_intermediate_size / layout.expert_tp
+            elementwise("permute", 2 * 2 * ab * copies * h, ("moe_ffn",))
+            gemm(
+                "expert_fc1",
+                per_expert,
+                h,
+                (2 if moe.gated else 1) * width,
+                ("moe_ffn",),
+                count=local_experts,
+            )
+            elementwise(
+                "expert_activation",
+                (3 if moe.gated else 2) * ab * copies * width,
+                ("act", "moe_ffn"),
+            )
+            gemm("expert_fc2", per_expert, width, h, ("moe_ffn",), count=local_experts)
+            if moe.shared_intermediate_size:
+                gemm("shared_fc1", n, h, (2 if moe.gated else 1) * moe.shared_intermediate_size / t)
+                elementwise(
+                    "shared_activation",
+                    (3 if moe.gated else 2) * ab * n * moe.shared_intermediate_size / t,
+                    ("act",),
+                )
+                gemm("shared_fc2", n, moe.shared_intermediate_size / t, h)
+            if layout.ep > 1:
+                # Dispatch and combine: every token copy's hidden vector crosses the EP group.
+                per_rank = copies / layout.expert_tp * h * ab
+                ep_fwd = 2 * all_to_all_s(links.ep, per_rank)
+
+        # TP: SP gathers/scatters (or all-reduces) of the hidden state, twice per layer
+        # each way (attention and FFN blocks).
+        tp_bytes = n * h * ab
+        if t > 1:
+            if sp:
+                tp_fwd = 2 * (
+                    all_gather_s(links.tp, tp_bytes) + reduce_scatter_s(links.tp, tp_bytes)
+                )
+                regather = 2 * all_gather_s(links.tp, tp_bytes)
+            else:
+                tp_fwd = 2 * all_reduce_s(links.tp, tp_bytes)
+                regather = 0.0
+        else:
+            tp_fwd = regather = 0.0
+        tp_bwd = tp_fwd
+
+        # CP: ring passes K/V blocks around (cp − 1 steps), hidden behind the previous
+        # block's attention; the backward moves K/V and their gradients. All-to-all
+        # (Ulysses) exchanges heads: q, k, v in and the output back.
+        cp_fwd = cp_bwd = 0.0
+        if layout.cp > 1 and kv_bytes_per_token > 0:
+            if job.cp_kind == "all_to_all":
+                width = (2 * heads_local * self._head_dim(att) * ab) + kv_bytes_per_token
+                cp_fwd = all_to_all_s(links.cp, n * width)
+                cp_bwd = cp_fwd
+            else:
+                step = send_recv_s(links.cp, n * kv_bytes_per_token)
+                cp_fwd = (layout.cp - 1) * step
+                cp_bwd = 2 * cp_fwd
+        kernels = sum(op.kernels for op in ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
+        return LayerCost(
+            ops=tuple(ops),
+            tp_forward_s=tp_fwd,
+            tp_backward_s=tp_bwd,
+            sp_regather_s=regather,
+            cp_forward_s=cp_fwd,
+            cp_backward_s=cp_bwd,
+            ep_forward_s=ep_fwd,
+            ep_backward_s=ep_fwd,
+            attention_forward_s=attention_s,
+            launch_s=kernels * eff.kernel_launch_us * 1e-6,
+            flops=flops,
+            recompute_flops=rec_flops,
+        )
+
+    @staticmethod
+    def _head_dim(att) -> int:
+        if isinstance(att, StandardAttention):
+            return att.head_dim
+        if isinstance(att, LatentAttention):
+            return att.qk_nope_head_dim + att.qk_rope_head_dim
+        return att.key_head_dim
+
+    def layer_seconds(
+        self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
+    ) -> dict[str, float]:
+        """One layer, one micro-batch, under ``recompute``; values sum to its time."""
+        key = (
+            "layer_s",
+            kind.name,
+            layout.tp,
+            layout.cp,
+            layout.sequence_parallel,
+            layout.ep,
+            layout.expert_tp,
+            layout.mbs,
+            layout.schedule == "dualpipev",
+            recompute,
+        )
+        found = ctx.cache.get(key)
+        if found is not None:
+            return found
+        cost = self.layer_cost(ctx, layout, kind)
+        ov = self.overlap(ctx)
+        forced = ctx.framework.forced_switches
+        fwd = sum(op.forward_s for op in cost.ops) + cost.launch_s / 3
+        bwd = sum(op.backward_s for op in cost.ops) + 2 * cost.launch_s / 3
+        tp_exposed = 1 - ov.tp
+        tp = (cost.tp_forward_s + cost.tp_backward_s) * tp_exposed
+        ep_exposed = (1 - ov.ep) * (0.1 if layout.schedule == "dualpipev" else 1.0)
+        ep = (cost.ep_forward_s + cost.ep_backward_s) * ep_exposed
+        cp = max(0.0, cost.cp_forward_s - ov.cp * cost.attention_forward_s) + max(
+            0.0, cost.cp_backward_s - ov.cp * FLASH_BACKWARD_FACTOR * cost.attention_forward_s
+        )
+        if recompute is None:
+            rec = (
+                fwd
+                + cost.tp_forward_s * tp_exposed
+                + cost.ep_forward_s * ep_exposed
+                + max(0.0, cost.cp_forward_s - ov.cp * cost.attention_forward_s)
+            )
+        else:
+            active = recompute | forced
+            rec = sum(op.forward_s for op in cost.ops if op.recomputed_by & active)
+            if "sp_gather" in recompute and "sp_gather" not in forced:
+                tp += cost.sp_regather_s * tp_exposed
+        found = {
+            "forward": fwd,
+            "backward": bwd,
+            "recompute": rec,
+            "tp_comm": tp,
+            "cp_comm": cp,
+            "ep_comm": ep,
+        }
+        ctx.cache[key] = found
+        return found
+
+    def recompute_flops(
+        self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
+    ) -> float:
+        cost = self.layer_cost(ctx, layout, kind)
+        if recompute is None:
+            return cost.flops
+        active = recompute | ctx.framework.forced_switches
+        return sum(f for sw, f in cost.recompute_flops.items() if sw in active)
+
+    # ------------------------------------------------------------------ per stage and step
+
+    def stage_fixed_seconds(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> dict[str, float]:
+        """Per micro-batch on one stage, outside the decoder layers: embedding, head and
+        loss, MTP, pipeline sends."""
+        key = (
+            "stage_fixed",
+            stage.index,
+            stage.has_embedding,
+            stage.has_head,
+            layout.tp,
+            layout.cp,
+            layout.sequence_parallel,
+            layout.mbs,
+            layout.pp,
+            layout.dp,
+            layout.vpp,
+            layout.schedule,
+            layout.ep,
+            layout.expert_tp,
+        )
+        found = ctx.cache.get(key)
+        if found is not None:
+            return found
+        model = ctx.model
+        h, t = model.hidden_size, layout.tp
+        n = layout.mbs * ctx.job.seq_length / layout.cp
+        sigma = t if layout.sequence_parallel else 1
+        ab = ACTIVATION_BYTES
+        links = self.links(ctx, layout)
+        ov = self.overlap(ctx)
+        parts = dict.fromkeys(LAYER_PARTS, 0.0)
+        parts["pp_comm"] = 0.0
+        if stage.has_embedding:
+            emb = self._hbm_s(ctx, 2 * ab * n * h)
+            parts["forward"] += emb
+            parts["backward"] += 2 * emb
+            if t > 1:
+                comm = (
+                    reduce_scatter_s(links.tp, n * h * ab)
+                    if layout.sequence_parallel
+                    else all_reduce_s(links.tp, n * h * ab)
+                )
+                parts["tp_comm"] += comm * (1 - ov.tp)
+        if stage.has_head:
+            vocab = padded_vocab(model.vocab_size, t) / t
+            logits = self._gemm_s(ctx, n, h, vocab, low_precision=False)
+            loss = self._hbm_s(ctx, n * vocab * (2 + 4 + 4))
+            parts["forward"] += logits + loss
+            parts["backward"] += 2 * logits + loss
+            if t > 1 and layout.sequence_parallel:
+                parts["tp_comm"] += 2 * all_gather_s(links.tp, n * h * ab) * (1 - ov.tp)
+            if stage.has_mtp and model.mtp_kind is not None:
+                mtp = self.layer_seconds(ctx, layout, model.mtp_kind, frozenset())
+                for name in LAYER_PARTS:
+                    parts[name] += model.num_mtp_layers * mtp[name]
+                extra = self._gemm_s(ctx, n, 2 * h, h / t) + logits + loss
+                parts["forward"] += model.num_mtp_layers * extra
+                parts["backward"] += model.num_mtp_layers * 2 * extra
+        if layout.pp > 1:
+            sends_per_chunk = 2 if layout.schedule == "dualpipev" else layout.vpp
+            boundary = n * h * ab / sigma
+            p2p = send_recv_s(links.pp, boundary)
+            # Forward activation and backward gradient per chunk boundary crossed.
+            parts["pp_comm"] = 2 * sends_per_chunk * p2p * (1 - ov.pp)
+        ctx.cache[key] = parts
+        return parts
+
+    def stage_seconds(
+        self,
+        ctx: PricingContext,
+        layout: Layout,
+        stage: StagePlacement,
+        assignment: Sequence[tuple[int, int, int, Recompute]],
+    ) -> dict[str, float]:
+        """Per micro-batch time of one stage by part, for (kind, in-flight, count, recompute) groups."""
+        parts = dict(self.stage_fixed_seconds(ctx, layout, stage))
+        for kind_index, _, count, recompute in assignment:
+            layer = self.layer_seconds(ctx, layout, ctx.model.kinds[kind_index], recompute)
+            for name in LAYER_PARTS:
+                parts[name] += count * layer[name]
+        return parts
+
+    def step(
+        self,
+        ctx: PricingContext,
+        layout: Layout,
+        stages: Sequence[StagePlacement],
+        stage_layer_seconds: Sequence[Mapping[str, float]],
+    ) -> TimeBreakdown:
+        """Compose per-stage, per-micro-batch seconds into one optimizer step."""
+        m = layout.num_microbatches
+        totals = [sum(s.values()) for s in stage_layer_seconds]
+        slowest = max(range(len(totals)), key=lambda i: (totals[i], -i))
+        t_max = totals[slowest]
+        pp = layout.pp
+        if layout.schedule == "interleaved":
+            pipeline = m * t_max + (sum(totals) - t_max) / layout.vpp
+        elif layout.schedule == "dualpipev":
+            # Each device runs two chunks; forward and backward of paired micro-batches
+            # overlap. Bubble ~ (pp − 1) chunk-steps with the weight-gradient half of the
+            # backward filling it (zero-bubble style).
+            crit = stage_layer_seconds[slowest]
+            weight_grad = 0.5 * crit.get("backward", 0.0)
+            bubble_unit = max(0.0, t_max - weight_grad) / 2
+            pipeline = m * t_max + (pp - 1) * bubble_unit
+        else:  # 1f1b, gpipe
+            pipeline = sum(totals) + (m - 1) * t_max
+        crit = stage_layer_seconds[slowest]
+        parts = dict.fromkeys(TIME_PARTS, 0.0)
+        for name, value in crit.items():
+            parts[name] += m * value
+        parts["bubble"] = max(0.0, pipeline - m * t_max)
+        dp, optimizer = self.data_parallel_and_optimizer(ctx, layout, stages, stage_layer_seconds)
+        parts["dp_comm"] = dp
+        parts["optimizer"] = optimizer
+        parts["overhead"] = self._calibration(ctx).step_overhead_s
+        step = sum(parts.values())
+        return TimeBreakdown(
+            step_s=step,
+            parts=parts,
+            stage_forward_s=tuple(s["forward"] for s in stage_layer_seconds),
+            stage_backward_s=tuple(s["backward"] + s["recompute"] for s in stage_layer_seconds),
+        )
+
+    def data_parallel_and_optimizer(
+        self,
+        ctx: PricingContext,
+        layout: Layout,
+        stages: Sequence[StagePlacement],
+        stage_layer_seconds: Sequence[Mapping[str, float]],
+    ) -> tuple[float, float]:
+        """Exposed gradient reduction / parameter gathers, and the optimizer step, of the
+        stage that finishes last (the slowest once exposed communication is added)."""
+        ov = self.overlap(ctx)
+        links = self.links(ctx, layout)
+        fw = ctx.framework
+        m = layout.num_microbatches
+        worst_dp = worst_opt = 0.0
+        worst_total = -1.0
+        for stage, secs in zip(stages, stage_layer_seconds, strict=True):
+            dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
+            grad_bytes = 4 if ctx.settings.grad_reduce_dtype == "fp32" else 2
+            bwd = secs.get("backward", 0.0) + secs.get("recompute", 0.0)
+            fwd = secs.get("forward", 0.0)
+            if layout.zero >= 3:
+                # Per micro-batch: gather parameters for the forward and again for the
+                # backward, reduce-scatter gradients; hidden behind each layer's compute.
+                gather = all_gather_s(links.dp, dense * 2) + all_gather_s(
+                    links.expert_dp, expert * 2
+                )
+                scatter = reduce_scatter_s(links.dp, dense * grad_bytes) + reduce_scatter_s(
+                    links.expert_dp, expert * grad_bytes
+                )
+                per_mb = max(0.0, gather - ov.fsdp * fwd) + max(
+                    0.0, gather + scatter - ov.fsdp * bwd
+                )
+                syncs = m if fw.grad_accumulation_sync else 1
+                dp_time = per_mb * syncs + (m - syncs) * max(
+                    0.0, 2 * gather - ov.fsdp * (fwd + bwd)
+                )
+            elif layout.zero >= 1:
+                scatter = reduce_scatter_s(links.dp, dense * grad_bytes) + reduce_scatter_s(
+                    links.expert_dp, expert * grad_bytes
+                )
+                gather = all_gather_s(links.dp, dense * 2) + all_gather_s(
+                    links.expert_dp, expert * 2
+                )
+                if layout.zero >= 2 and fw.grad_accumulation_sync:
+                    scatter *= m
+                dp_time = max(0.0, scatter - ov.dp * bwd) + max(0.0, gather - ov.dp * fwd)
+            else:
+                reduce = all_reduce_s(links.dp, dense * grad_bytes) + all_reduce_s(
+                    links.expert_dp, expert * grad_bytes
+                )
+                dp_time = max(0.0, reduce - ov.dp * bwd)
+            opt = self._optimizer_s(ctx, layout, dense, expert)
+            total = sum(secs.values()) + dp_time + opt
+            if total > worst_total:
+                worst_total, worst_dp, worst_opt = total, dp_time, opt
+        return worst_dp, worst_opt
+
+    def _optimizer_s(
+        self, ctx: PricingContext, layout: Layout, dense: float, expert: float
+    ) -> float:
+        shard_dense = layout.dp * layout.cp if layout.zero >= 1 else 1
+        shard_expert = layout.expert_data_parallel if layout.zero >= 1 else 1
+        params = dense / shard_dense + expert / shard_expert
+        state = {"adam": 12, "sgd": 8, "muon": 8}[ctx.settings.optimizer]
+        if layout.offload_optimizer:
+            # Gradients down and parameters up over the host link; the CPU update runs at
+            # memory speed on the host (taken as the host link's rate, the tighter bound).
+            host = ctx.device.host_link.bytes_per_s
+            return params * (4 + 2) / host + params * (state * 2 + 4) / (host * 4)
+        # Read master, grad and moments; write master, moments and the bf16 copy.
+        return self._hbm_s(ctx, params * (state + 4 + state + 2))
+
+    # ------------------------------------------------------------------ FLOPs
+
+    def model_flops_per_step(self, ctx: PricingContext) -> float:
+        key = "model_flops_per_step"
+        found = ctx.cache.get(key)
+        if found is None:
+            f = count_flops(ctx.model, ctx.job.seq_length)
+            tokens = ctx.job.global_batch_size * ctx.job.seq_length
+            found = ctx.cache[key] = tokens * (
+                f.training_flops_per_token + 3 * f.mtp_forward_flops_per_token
+            )
+        return found

@@ -1,0 +1,272 @@
+"""Pricing one layout: memory per stage, the recompute choice, the step time.
+
+The search and ``ndplan estimate`` share this path; it depends only on the ports
+(MemoryModel, CostModel, KnapsackSolver).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .context import PricingContext, StagePlacement
+from .kernels.knapsack import LayerGroup, StageChoice
+from .layout import Layout
+from .plan import MemoryBreakdown, Plan, RecomputeRange, StageMemory, TimeBreakdown
+from .ports import CostModel, KnapsackSolver, MemoryModel, Recompute
+from .recompute import kind_front, kind_options, option_name, parse_option
+
+Assignment = tuple[tuple[int, int, int, Recompute], ...]
+"""Per stage: (kind index, in-flight, layer count, recompute) groups."""
+
+
+@dataclass(slots=True)
+class PricedLayout:
+    """A layout with its memory and time, before it becomes a (pydantic) Plan."""
+
+    layout: Layout
+    stages: tuple[StagePlacement, ...]
+    static: tuple[dict[str, int], ...]
+    activations: tuple[int, ...]
+    assignment: tuple[Assignment, ...]
+    stage_seconds: tuple[dict[str, float], ...]
+    time: TimeBreakdown | None
+    peak_bytes: int
+    peak_stage: int
+    fits: bool
+
+    @property
+    def totals(self) -> tuple[int, ...]:
+        return tuple(
+            sum(s.values()) + a for s, a in zip(self.static, self.activations, strict=True)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryMiss:
+    """Why a layout does not fit even fully recomputed: the stage and by how much."""
+
+    stage: int
+    over_bytes: int
+
+
+class Pricer:
+    """Prices layouts for one pricing context with the given port implementations."""
+
+    def __init__(
+        self, ctx: PricingContext, memory: MemoryModel, cost: CostModel, solver: KnapsackSolver
+    ) -> None:
+        self.ctx = ctx
+        self.memory = memory
+        self.cost = cost
+        self.solver = solver
+
+    # ------------------------------------------------------------------ assignments
+
+    def policy_recompute(self, layout: Layout) -> Recompute:
+        policy = layout.recompute
+        if policy == "full":
+            return None
+        if policy == "selective":
+            return self.ctx.framework.selective
+        return frozenset()
+
+    def _fixed_assignment(self, stage: StagePlacement, recompute: Recompute) -> Assignment:
+        return tuple((kind, k, count, recompute) for kind, count, k in stage.groups)
+
+    def static(
+        self, layout: Layout
+    ) -> tuple[tuple[StagePlacement, ...], tuple[dict[str, int], ...]]:
+        stages = self.ctx.placement(layout)
+        return stages, tuple(self.memory.stage_static_bytes(self.ctx, layout, s) for s in stages)
+
+    def activation_bytes(self, layout: Layout, assignment: Assignment) -> int:
+        kinds = self.ctx.model.kinds
+        return sum(
+            count * k * self.memory.layer_activation_bytes(self.ctx, layout, kinds[kind], rec)
+            for kind, k, count, rec in assignment
+        )
+
+    def lightest_miss(self, layout: Layout) -> MemoryMiss | None:
+        """None when every stage fits fully recomputed; else the worst stage's overflow."""
+        stages, static = self.static(layout)
+        budget = self.ctx.budget_bytes
+        worst: MemoryMiss | None = None
+        for stage, parts in zip(stages, static, strict=True):
+            total = sum(parts.values()) + self.activation_bytes(
+                layout, self._fixed_assignment(stage, None)
+            )
+            over = total - budget
+            if over > 0 and (worst is None or over > worst.over_bytes):
+                worst = MemoryMiss(stage.index, over)
+        return worst
+
+    def stage_groups(self, layout: Layout, stage: StagePlacement) -> list[LayerGroup]:
+        kinds = self.ctx.model.kinds
+        in_flights = [k for _, _, k in stage.groups]
+        groups = []
+        for kind_index, count, k in stage.groups:
+            kind = kinds[kind_index]
+            front = kind_front(self.ctx, layout, kind, in_flights, self.memory, self.cost)
+            groups.append(LayerGroup(kind=kind.name, options=front, count=count, in_flight=k))
+        return groups
+
+    def choice_to_assignment(
+        self, layout: Layout, stage: StagePlacement, choice: StageChoice
+    ) -> Assignment:
+        kinds = self.ctx.model.kinds
+        out = []
+        for (kind_index, _, k), group in zip(stage.groups, choice.groups, strict=True):
+            by_name = {
+                opt.name: rec
+                for opt, rec in kind_options(
+                    self.ctx, layout, kinds[kind_index], self.memory, self.cost
+                )
+            }
+            for name, count in group.counts:
+                out.append((kind_index, k, count, by_name.get(name, parse_option(name))))
+        return tuple(out)
+
+    def auto_assignment(
+        self, layout: Layout, static: tuple[dict[str, int], ...]
+    ) -> tuple[Assignment, ...] | None:
+        """Per stage, the exact knapsack within what the static memory leaves."""
+        out = []
+        for stage, parts in zip(self.ctx.placement(layout), static, strict=True):
+            budget = self.ctx.budget_bytes - sum(parts.values())
+            choice = self.solver.choose(self.stage_groups(layout, stage), budget)
+            if choice is None:
+                return None
+            out.append(self.choice_to_assignment(layout, stage, choice))
+        return tuple(out)
+
+    # ------------------------------------------------------------------ pricing
+
+    def price(self, layout: Layout, *, with_time: bool = True) -> PricedLayout:
+        ctx = self.ctx
+        stages, static = self.static(layout)
+        assignment: tuple[Assignment, ...] | None = None
+        if layout.recompute == "auto":
+            assignment = self.auto_assignment(layout, static)
+        if assignment is None:  # a fixed policy, or auto with nothing fitting (priced at full)
+            rec = self.policy_recompute(layout) if layout.recompute != "auto" else None
+            assignment = tuple(self._fixed_assignment(s, rec) for s in stages)
+        activations = tuple(self.activation_bytes(layout, a) for a in assignment)
+        totals = [sum(s.values()) + a for s, a in zip(static, activations, strict=True)]
+        peak_stage = max(range(len(totals)), key=lambda i: (totals[i], -i))
+        seconds = tuple(
+            self.cost.stage_seconds(ctx, layout, s, a)
+            for s, a in zip(stages, assignment, strict=True)
+        )
+        time = self.cost.step(ctx, layout, stages, seconds) if with_time else None
+        return PricedLayout(
+            layout=layout,
+            stages=stages,
+            static=static,
+            activations=activations,
+            assignment=assignment,
+            stage_seconds=seconds,
+            time=time,
+            peak_bytes=totals[peak_stage],
+            peak_stage=peak_stage,
+            fits=totals[peak_stage] <= ctx.budget_bytes,
+        )
+
+    # ------------------------------------------------------------------ results
+
+    def memory_breakdown(self, priced: PricedLayout) -> MemoryBreakdown:
+        ctx = self.ctx
+        stages = []
+        for stage, parts, act in zip(priced.stages, priced.static, priced.activations, strict=True):
+            full = {"activations": act, **parts}
+            stages.append(
+                StageMemory(
+                    stage=stage.index,
+                    layers=tuple((c.start, c.stop) for c in stage.chunks),
+                    in_flight=tuple(c.in_flight for c in stage.chunks),
+                    parts=full,
+                    total_bytes=sum(full.values()),
+                )
+            )
+        return MemoryBreakdown(
+            mode="ndplan",
+            stages=tuple(stages),
+            peak_bytes=priced.peak_bytes,
+            peak_stage=priced.peak_stage,
+            capacity_bytes=ctx.device_capacity_bytes,
+            budget_bytes=ctx.budget_bytes,
+            fits=priced.fits,
+        )
+
+    def recompute_ranges(self, priced: PricedLayout) -> tuple[RecomputeRange, ...]:
+        """Per-layer options as ranges; within a group the more-recomputing options come first."""
+        model = self.ctx.model
+        ranges: list[RecomputeRange] = []
+        for stage, assignment in zip(priced.stages, priced.assignment, strict=True):
+            queues: dict[tuple[int, int], list[str]] = {}
+            for kind, k, count, rec in assignment:
+                queues.setdefault((kind, k), []).extend([option_name(rec)] * count)
+            for chunk in stage.chunks:
+                for layer in range(chunk.start, chunk.stop):
+                    option = queues[(model.layers[layer], chunk.in_flight)].pop(0)
+                    last = ranges[-1] if ranges else None
+                    if (
+                        last
+                        and last.stage == stage.index
+                        and last.stop == layer
+                        and last.option == option
+                    ):
+                        ranges[-1] = last.model_copy(update={"stop": layer + 1})
+                    else:
+                        ranges.append(
+                            RecomputeRange(
+                                stage=stage.index, start=layer, stop=layer + 1, option=option
+                            )
+                        )
+        return tuple(ranges)
+
+    def hardware_flops_per_step(self, priced: PricedLayout) -> float:
+        """Model FLOPs plus what recompute re-runs, over all devices."""
+        ctx = self.ctx
+        layout = priced.layout
+        extra = 0.0
+        devices_per_stage = layout.dp * layout.tp * layout.cp
+        recompute_flops = getattr(self.cost, "recompute_flops", None)
+        if recompute_flops is not None:
+            for assignment in priced.assignment:
+                for kind, _, count, rec in assignment:
+                    extra += count * recompute_flops(ctx, layout, ctx.model.kinds[kind], rec)
+        return self.model_flops_per_step() + extra * layout.num_microbatches * devices_per_stage
+
+    def model_flops_per_step(self) -> float:
+        model_flops = getattr(self.cost, "model_flops_per_step", None)
+        if model_flops is not None:
+            return model_flops(self.ctx)
+        from .counting import count_flops
+
+        f = count_flops(self.ctx.model, self.ctx.job.seq_length)
+        return self.ctx.job.global_batch_size * self.ctx.job.seq_length * f.training_flops_per_token
+
+    def plan(self, priced: PricedLayout, rank: int | None = None) -> Plan:
+        ctx = self.ctx
+        memory = self.memory_breakdown(priced)
+        time = priced.time
+        tokens = mfu = hfu = tflops = None
+        if time is not None and time.step_s > 0:
+            n = ctx.cluster.num_devices
+            tokens = ctx.job.global_batch_size * ctx.job.seq_length / time.step_s / n
+            peak = ctx.device.peak_flops(ctx.settings.gemm_precision)
+            model_flops = self.model_flops_per_step()
+            tflops = model_flops / time.step_s / n / 1e12
+            mfu = model_flops / (time.step_s * n * peak)
+            hfu = self.hardware_flops_per_step(priced) / (time.step_s * n * peak)
+        return Plan(
+            rank=rank,
+            layout=priced.layout,
+            memory=memory,
+            time=time,
+            tokens_per_s_per_device=tokens,
+            model_tflops_per_device=tflops,
+            mfu=mfu,
+            hfu=hfu,
+            recompute=self.recompute_ranges(priced),
+        )

@@ -1,0 +1,125 @@
+"""Recompute options per layer kind, and their Pareto fronts (spec/recompute.md).
+
+An option is a set of recomputed ops (``frozenset()`` keeps everything, ``None``
+recomputes the whole layer). Its memory comes from the memory model and its time
+from the cost model, op by op, so every combination of switches is priced exactly
+from one table of tensors and one table of ops per kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import combinations
+
+from .context import PricingContext
+from .frameworks import SWITCHES
+from .kernels.knapsack import LayerOption, pareto_front
+from .layout import Layout
+from .model import LatentAttention, LayerKind, MoEFFN
+from .ports import CostModel, MemoryModel, Recompute
+
+FULL = "full"
+NONE = "none"
+
+
+def option_name(recompute: Recompute) -> str:
+    if recompute is None:
+        return FULL
+    return "+".join(s for s in SWITCHES if s in recompute) or NONE
+
+
+def parse_option(name: str) -> Recompute:
+    if name == FULL:
+        return None
+    if name == NONE:
+        return frozenset()
+    return frozenset(name.split("+"))
+
+
+def applicable_switches(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple[str, ...]:
+    """The switches the framework offers that mean something for this kind."""
+    fw = ctx.framework
+    out = []
+    for switch in SWITCHES:
+        if switch not in fw.switches or switch in fw.forced_switches:
+            continue
+        if switch == "sp_gather" and not layout.sequence_parallel:
+            continue
+        if switch == "mla_up" and not isinstance(kind.attention, LatentAttention):
+            continue
+        if switch == "moe_ffn" and not isinstance(kind.ffn, MoEFFN):
+            continue
+        out.append(switch)
+    return tuple(out)
+
+
+def kind_options(
+    ctx: PricingContext, layout: Layout, kind: LayerKind, memory: MemoryModel, cost: CostModel
+) -> tuple[tuple[LayerOption, Recompute], ...]:
+    """Every option of ``kind`` at this candidate's degrees: plain, each combination of
+    the applicable switches, and full recompute."""
+    key = (
+        "options",
+        kind.name,
+        layout.tp,
+        layout.cp,
+        layout.sequence_parallel,
+        layout.ep,
+        layout.expert_tp,
+        layout.mbs,
+        layout.schedule == "dualpipev",
+    )
+    found = ctx.cache.get(key)
+    if found is not None:
+        return found
+    switches = applicable_switches(ctx, layout, kind)
+    choices: list[Recompute] = [frozenset()]
+    for size in range(1, len(switches) + 1):
+        choices.extend(frozenset(c) for c in combinations(switches, size))
+    choices.append(None)
+    out = []
+    for rec in choices:
+        secs = cost.layer_seconds(ctx, layout, kind, rec)
+        total = sum(secs.values())
+        forward = secs["forward"]
+        out.append(
+            (
+                LayerOption(
+                    name=option_name(rec),
+                    memory_per_micro_batch=memory.layer_activation_bytes(ctx, layout, kind, rec),
+                    forward_time=forward,
+                    backward_time=total - forward,
+                ),
+                rec,
+            )
+        )
+    found = ctx.cache[key] = tuple(out)
+    return found
+
+
+def kind_front(
+    ctx: PricingContext,
+    layout: Layout,
+    kind: LayerKind,
+    in_flights: Sequence[int],
+    memory: MemoryModel,
+    cost: CostModel,
+) -> tuple[LayerOption, ...]:
+    """The options no other option beats at the in-flight counts that occur."""
+    key = (
+        "front",
+        kind.name,
+        layout.tp,
+        layout.cp,
+        layout.sequence_parallel,
+        layout.ep,
+        layout.expert_tp,
+        layout.mbs,
+        layout.schedule == "dualpipev",
+        tuple(sorted(set(in_flights))),
+    )
+    found = ctx.cache.get(key)
+    if found is None:
+        options = [opt for opt, _ in kind_options(ctx, layout, kind, memory, cost)]
+        found = ctx.cache[key] = pareto_front(options, tuple(sorted(set(in_flights))))
+    return found

@@ -1,0 +1,156 @@
+"""The library facade: what the CLI and framework integrations call.
+
+``Planner(bootstrap())`` holds the assembled components; its methods take plain
+inputs (names, numbers) or domain models and return domain models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ndplan.adapters.devices.calibration import load_calibration
+from ndplan.adapters.readers.resolve import load_model
+from ndplan.bootstrap import Components, bootstrap
+from ndplan.core.assumptions import AssumptionRecorder
+from ndplan.core.calibration import Calibration
+from ndplan.core.cluster import Cluster, DeviceSpec
+from ndplan.core.context import PricingContext
+from ndplan.core.errors import InvalidInputError, PluginError
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout, check_layout
+from ndplan.core.model import ModelSpec, MoEFFN
+from ndplan.core.plan import Plan
+from ndplan.core.pricing import Pricer
+from ndplan.core.units import GiB
+
+
+@dataclass
+class PricingOptions:
+    """How to price: which port implementations, the memory budget, the calibration."""
+
+    memory_model: str = "ndplan"
+    cost_model: str = "ndplan"
+    knapsack_solver: str = "dp"
+    bucket_bytes: int = 2**20
+    max_mem_gib: float | None = None
+    balance_reserve_gib: float = 0.0
+    reserve_gib: float | None = None
+    calibration: Path | None = None
+
+
+class Planner:
+    """Searches and prices layouts with the components the plugins contributed."""
+
+    def __init__(self, components: Components | None = None) -> None:
+        self.components = components if components is not None else bootstrap()
+
+    # ------------------------------------------------------------------ inputs
+
+    def model(self, name_or_path: str, recorder: AssumptionRecorder | None = None) -> ModelSpec:
+        return load_model(self.components, name_or_path, recorder or AssumptionRecorder())
+
+    def device(self, name: str) -> DeviceSpec:
+        return self.components.devices.get(name)
+
+    def calibration(self, path: Path | None) -> Calibration:
+        return load_calibration(path)
+
+    def context(
+        self,
+        model: ModelSpec,
+        device: DeviceSpec,
+        num_devices: int,
+        job: Job,
+        *,
+        options: PricingOptions | None = None,
+        recorder: AssumptionRecorder | None = None,
+        devices_per_node: int | None = None,
+    ) -> PricingContext:
+        opts = options or PricingOptions()
+        capacity = int(opts.max_mem_gib * GiB) if opts.max_mem_gib is not None else None
+        return PricingContext(
+            model=model,
+            cluster=Cluster(
+                device=device, num_devices=num_devices, devices_per_node=devices_per_node
+            ),
+            job=job,
+            recorder=recorder or AssumptionRecorder(),
+            calibration=self.calibration(opts.calibration),
+            capacity_bytes=capacity,
+            balance_reserve_bytes=int(opts.balance_reserve_gib * GiB),
+            reserve_bytes=int(opts.reserve_gib * GiB) if opts.reserve_gib is not None else None,
+        )
+
+    def pricer(self, ctx: PricingContext, options: PricingOptions | None = None) -> Pricer:
+        opts = options or PricingOptions()
+        comps = self.components
+        # Factory signatures are documented on the registration hooks.
+        memory = _create(comps.memory_models, opts.memory_model)
+        cost = _create(comps.cost_models, opts.cost_model, ctx.calibration)
+        solver = _create(comps.knapsack_solvers, opts.knapsack_solver, opts.bucket_bytes)
+        return Pricer(ctx, memory, cost, solver)
+
+    # ------------------------------------------------------------------ one layout
+
+    def estimate(
+        self, ctx: PricingContext, layout: Layout, options: PricingOptions | None = None
+    ) -> Plan:
+        """Price one layout: memory per stage, the recompute choice, the step time."""
+        validate_layout(ctx, layout)
+        opts = options or PricingOptions()
+        pricer = self.pricer(ctx, opts)
+        if opts.memory_model == "megatron":
+            memory = pricer.memory.breakdown(ctx, layout)
+            priced = pricer.price(layout)
+            plan = pricer.plan(priced)
+            return plan.model_copy(update={"memory": memory})
+        return pricer.plan(pricer.price(layout))
+
+
+def validate_layout(ctx: PricingContext, layout: Layout) -> None:
+    model = ctx.model
+    heads, kv = model.head_count_for_tp
+    experts = None
+    for kind in model.kinds:
+        if isinstance(kind.ffn, MoEFFN):
+            experts = kind.ffn.num_experts
+            if kind.ffn.expert_intermediate_size % layout.expert_tp:
+                raise InvalidInputError(
+                    f"etp({layout.expert_tp}) does not divide the expert FFN width({kind.ffn.expert_intermediate_size})"
+                )
+    check_layout(
+        layout,
+        num_devices=ctx.cluster.num_devices,
+        global_batch=ctx.job.global_batch_size,
+        seq_len=ctx.job.seq_length,
+        num_layers=model.num_layers,
+        heads=heads,
+        kv_heads=kv,
+        num_experts=experts,
+    )
+    fw = ctx.framework
+    if layout.zero not in fw.zero_stages:
+        raise InvalidInputError(
+            f"zero({layout.zero}) is not offered by {fw.name} (offers {', '.join(map(str, fw.zero_stages))})"
+        )
+    if layout.schedule not in fw.schedules:
+        raise InvalidInputError(
+            f"schedule '{layout.schedule}' is not offered by {fw.name} (offers {', '.join(fw.schedules)})"
+        )
+    if not ctx.device.supports(ctx.settings.gemm_precision):
+        raise InvalidInputError(
+            f"precision '{ctx.settings.precision}' needs {ctx.settings.gemm_precision} tensor cores, which "
+            f"{ctx.device.id} does not have; use bf16"
+        )
+
+
+def _create(registry, name: str, *args):
+    factory = registry.get(name)
+    try:
+        return factory(*args)
+    except Exception as exc:
+        plugin = registry.entry(name).plugin
+        raise PluginError(
+            f"{registry.kind} '{name}' (from '{plugin}') could not be created: {type(exc).__name__}: {exc}"
+        ) from None
