@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# Copies of the published measurements and Megatron-LM's reference vectors, so the
+# suite runs from a clean clone with nothing beside it.
+SHARED_DATA = REPO / "tests" / "data" / "shared"
 
 
 @pytest.fixture(scope="session")

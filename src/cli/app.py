@@ -18,7 +18,7 @@ import typer
 from ndplan import __version__
 from ndplan.core.errors import ExitCode, NdplanError
 
-from . import info
+from . import compare, estimate, info, models
 from .options import state
 
 
@@ -88,6 +88,9 @@ def root(
 
 
 info.register(app)
+estimate.register(app)
+compare.register(app)
+models.register(app)
 
 
 def _fail(message: str, code: ExitCode) -> int:
@@ -96,7 +99,7 @@ def _fail(message: str, code: ExitCode) -> int:
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code (never raises, except with NDPLAN_DEBUG=1)."""
+    """Run the CLI and return its exit code; never raises (NDPLAN_DEBUG=1 adds tracebacks)."""
     debug = os.environ.get("NDPLAN_DEBUG") == "1"
     try:
         result = app(args=argv, prog_name="ndplan", standalone_mode=False)
@@ -114,8 +117,8 @@ def run(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as exc:
-        if debug:
-            raise
+        if debug:  # the traceback, but still the documented code (not Python's 1)
+            traceback.print_exc()
         return _fail(
             f"internal error: {type(exc).__name__}: {exc} (rerun with NDPLAN_DEBUG=1 "
             "for a traceback)",

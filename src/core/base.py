@@ -16,6 +16,8 @@ class Frozen(BaseModel):
 
 PositiveInt = Annotated[int, Field(ge=1)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
-Degree = Annotated[int, Field(ge=1, description="size of one parallel dimension")]
-Bytes = Annotated[int, Field(description="bytes")]
-Seconds = Annotated[float, Field(description="seconds")]
+# No descriptions on reusable types: pydantic prefers them to the field's own docstring.
+Degree = Annotated[int, Field(ge=1)]
+"""The size of one parallel dimension."""
+Bytes = int
+Seconds = float

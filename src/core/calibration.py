@@ -25,6 +25,9 @@ class DeviceEfficiency(Frozen):
     gemm_half_gflop: float = Field(default=1.0, ge=0)
     """GEMM size (GFLOP per call) at which efficiency falls to half: small GEMMs (big TP,
     thin experts, small micro-batches) cannot fill the device."""
+    grouped_gemm_half_gflop: float = Field(default=4.0, ge=0)
+    """The same knee for the grouped GEMMs of routed experts (one small GEMM per expert,
+    plus the routing and permutation around them)."""
     attention: float = Field(default=0.45, gt=0, le=1)
     """Fraction of the bf16 peak the flash-attention kernels reach (forward and backward)."""
     hbm: float = Field(default=0.75, gt=0, le=1)

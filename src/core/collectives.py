@@ -32,6 +32,8 @@ class GroupLink:
     """Group members inside one scale-up domain (for all-to-all's intra/inter split)."""
     intra_bytes_per_s: float
     """Achieved per-direction scale-up bandwidth (all-to-all's in-domain share)."""
+    inter_bytes_per_s: float = float("inf")
+    """Achieved per-device network bandwidth (all-to-all's out-of-domain share)."""
 
 
 def group_link(cluster: Cluster, eff: DeviceEfficiency, size: int, stride: int) -> GroupLink:
@@ -49,7 +51,11 @@ def group_link(cluster: Cluster, eff: DeviceEfficiency, size: int, stride: int) 
         )
     members = max(1, domain // stride) if stride < domain else 1
     out = device.scale_out
-    return GroupLink(size, out.bytes_per_s * eff.scale_out_bus, out.latency_s, members, intra)
+    # A ring crossing domains enters each domain once per channel; with one NIC per
+    # device and a channel per NIC, the k members of a domain share the load, so the
+    # ring runs at k × the per-device network rate (capped by the in-domain hops).
+    ring = min(members * out.bytes_per_s * eff.scale_out_bus, intra)
+    return GroupLink(size, ring, out.latency_s, members, intra, out.bytes_per_s * eff.scale_out_bus)
 
 
 def all_gather_s(link: GroupLink, total_bytes: float) -> float:
@@ -81,7 +87,7 @@ def all_to_all_s(link: GroupLink, bytes_per_rank: float) -> float:
         return 0.0
     local = min(link.members_per_domain, n)
     intra = (local - 1) / n * bytes_per_rank / link.intra_bytes_per_s
-    inter = (n - local) / n * bytes_per_rank / link.bytes_per_s if local < n else 0.0
+    inter = (n - local) / n * bytes_per_rank / link.inter_bytes_per_s if local < n else 0.0
     return max(intra, inter) + link.latency_s
 
 

@@ -18,12 +18,17 @@ class Layout(Frozen):
     """One full assignment of degrees and options."""
 
     dp: Degree = 1
+    """Data-parallel replicas."""
     tp: Degree = 1
+    """Tensor-parallel degree (Megatron style)."""
     pp: Degree = 1
+    """Pipeline stages."""
     vpp: Degree = 1
     """Virtual pipeline chunks per stage (interleaved 1F1B)."""
     cp: Degree = 1
+    """Context-parallel degree: the sequence split across devices."""
     ep: Degree = 1
+    """Expert-parallel degree: each MoE layer's experts spread over this many devices."""
     etp: Degree | None = None
     """Expert tensor parallel degree; TP when unset."""
     mbs: PositiveInt = 1

@@ -159,6 +159,7 @@ class NdplanCostModel:
         n: float,
         count: float = 1.0,
         low_precision: bool | None = None,
+        grouped: bool = False,
     ) -> float:
         """``count`` GEMMs of m×k by k×n: compute at a size-dependent efficiency, or the
         memory roofline, whichever is slower."""
@@ -170,7 +171,7 @@ class NdplanCostModel:
         flops = 2.0 * m * k * n
         peak = ctx.device.peak_flops(job.gemm_precision if lp else "bf16")
         top = eff.gemm_low_precision if lp else eff.gemm
-        half = eff.gemm_half_gflop * 1e9
+        half = (eff.grouped_gemm_half_gflop if grouped else eff.gemm_half_gflop) * 1e9
         efficiency = top * flops / (flops + half) if half > 0 else top
         compute = flops / (peak * efficiency)
         element = 1.0 if lp else 2.0
@@ -228,7 +229,7 @@ class NdplanCostModel:
             low_precision: bool | None = None,
         ) -> None:
             nonlocal flops
-            fwd = self._gemm_s(ctx, m, k, nn, count, low_precision)
+            fwd = self._gemm_s(ctx, m, k, nn, count, low_precision, grouped=count > 1)
             if (low_precision is None and lp) or low_precision:
                 fwd += self._hbm_s(ctx, cast * m * k * count)
             ops.append(Op(name, fwd, 2 * fwd, frozenset(switches), kernels=2))

@@ -19,7 +19,8 @@ DATA_PACKAGE = "ndplan.adapters.devices.data"
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(str(p) for p in err.get("loc", ()))
-    return f"{where}: {err.get('msg', '').removeprefix('Value error, ')}"
+    message = err.get("msg", "").removeprefix("Value error, ")
+    return f"{where}: {message}" if where else message  # a model-level check has no field
 
 
 def parse_devices(data: Any, origin: str) -> list[DeviceSpec]:

@@ -95,12 +95,25 @@ KNOWN_TYPES = GPT_STYLE | {
     "olmo2",
     "qwen2_vl",
     "qwen2_5_vl",
+    # Qwen3-VL's text tower is a Qwen3 decoder (q/k RMSNorm); without these names it was
+    # read as an unknown Llama-style type and lost its qk-norm (fix by the models-CLI work).
+    "qwen3_vl",
+    "qwen3_vl_text",
     "llava",
     "mllama",
     "phi3",
 }
 MHA_BY_NATURE = GPT_STYLE | {"nemotron_gpt"}
-QK_NORM_TYPES = {"qwen3", "qwen3_moe", "qwen3_next", "olmo2", "gemma3", "gemma3_text"}
+QK_NORM_TYPES = {
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_vl",  # Qwen3-VL text tower (see KNOWN_TYPES)
+    "qwen3_vl_text",
+    "olmo2",
+    "gemma3",
+    "gemma3_text",
+}
 QKV_BIAS_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
 MAMBA_TYPES = {"nemotron_h", "mamba", "mamba2", "jamba", "falcon_h1", "zamba", "zamba2"}
 

@@ -1,0 +1,427 @@
+"""Measured training runs (the ``measured_runs.csv`` format) as pricing cases.
+
+Each row becomes a model, a device, a job and a layout, plus the step time the
+cluster measured. Published tables state different things: where a row gives
+tokens/s the step time follows directly; where it gives only TFLOP/s it is
+converted back with the FLOP convention its source used (full or causal
+attention). What a row leaves unstated takes the framework's default of that
+release, recorded as an assumption; a row that lacks the architecture, the
+degrees or the batch is skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from ndplan.core.assumptions import AssumptionRecorder
+from ndplan.core.cluster import DeviceSpec
+from ndplan.core.counting import count_flops
+from ndplan.core.errors import InvalidInputError, NdplanError
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout
+from ndplan.core.model import DenseFFN, ModelSpec, MoEFFN, StandardAttention
+
+from .readers.hf import read_hf_config
+
+REQUIRED_COLUMNS = ("row_id", "source", "model", "hardware", "num_gpus")
+
+
+@dataclass
+class RunCase:
+    """One measured row, ready to price."""
+
+    row_id: int
+    source: str
+    model_label: str
+    family: str
+    hardware: str
+    moe: bool
+    check: bool
+    """The source contradicts itself (``CHECK:`` in notes): kept out of fits, reported apart."""
+    model: ModelSpec
+    device: DeviceSpec
+    num_devices: int
+    job: Job
+    layout: Layout
+    measured_step_s: float
+    step_from: str
+    """How the step time was derived: step_time, tokens/s, or tflops (convention)."""
+    measured_peak_gib: float | None = None
+    assumed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Skip:
+    row_id: int
+    source: str
+    model_label: str
+    reason: str
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise InvalidInputError(
+                    f"{path}: missing column(s) {', '.join(missing)}; use the measured_runs.csv format"
+                )
+            return list(reader)
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _int(value: str) -> int | None:
+    value = (value or "").strip().replace(",", "")
+    if not value:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def _float(value: str) -> float | None:
+    value = (value or "").strip().replace(",", "")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def source_short(source: str) -> str:
+    s = source.lower()
+    for key, short in (
+        ("megatron-bridge", "megatron-bridge"),
+        ("nemo long", "nemo-cp"),
+        ("nemo framework", "nemo"),
+        ("nemo performance", "nemo"),
+        ("llm-foundry", "llm-foundry"),
+        ("torchtitan benchmarks", "torchtitan"),
+        ("torchtitan docs", "torchtitan-2024"),
+        ("narayanan", "narayanan-2021"),
+        ("megatron-lm readme", "megatron-lm"),
+        ("korthikanti", "korthikanti-2022"),
+    ):
+        if key in s:
+            return short
+    return source[:24]
+
+
+def framework_of(row: Mapping[str, str]) -> str:
+    text = (row.get("framework", "") + " " + row.get("source", "")).lower()
+    if "torchtitan" in text:
+        return "torchtitan"
+    if "foundry" in text or "composer" in text:
+        return "composer"
+    if "deepspeed" in text:
+        return "deepspeed"
+    if "mindformers" in text or "mindspeed" in text:
+        return "mindformers"
+    return "megatron"
+
+
+def precision_of(value: str) -> str | None:
+    v = value.lower()
+    if not v.strip():
+        return None
+    if "nvfp4" in v or "fp4" in v:
+        return "fp4"
+    if "mxfp8" in v or "fp8-mx" in v:
+        return "mxfp8"
+    if "blockwise" in v:
+        return "fp8-blockwise"
+    if "fp8" in v or "float8" in v:
+        return "fp8"
+    if "fp16" in v and "bf16" not in v:
+        return "fp16"
+    return "bf16"
+
+
+def recompute_of(value: str) -> tuple[str, float | None]:
+    """(policy, fraction of layers fully recomputed) for the CSV's recompute column."""
+    v = value.lower().strip()
+    if not v or v in ("none", "no"):
+        return "none", None
+    if v.startswith("full"):
+        return "full", None
+    if "layer" in v:  # torchtitan's layer-level selective AC: every second layer in full
+        return "full", 0.5
+    return "selective", None
+
+
+def zero_of(value: str, framework: str) -> int | None:
+    v = value.lower()
+    if not v.strip():
+        return None
+    if "shard_grad_op" in v or "zero-2" in v:
+        return 2
+    return 3
+
+
+class RunInterpreter:
+    """Turns CSV rows into RunCases, using the presets and the device catalog."""
+
+    def __init__(self, presets, devices) -> None:
+        self.presets = presets
+        self.devices = devices
+        self._models: dict[str, list[tuple[str, ModelSpec]]] = {}
+        self._all: list[tuple[str, ModelSpec]] | None = None
+
+    def _preset(self, preset_id: str) -> ModelSpec:
+        raw = self.presets.get(preset_id)()
+        return read_hf_config(raw, origin=f"preset {preset_id}", recorder=AssumptionRecorder())
+
+    def _all_presets(self) -> list[tuple[str, ModelSpec]]:
+        if self._all is None:
+            out = []
+            for pid in self.presets:
+                try:
+                    out.append((pid, self._preset(pid)))
+                except NdplanError:
+                    continue  # presets the reader refuses (Mamba) cannot match a priceable row
+            self._all = out
+        return self._all
+
+    def model_for(self, row: Mapping[str, str]) -> tuple[ModelSpec | None, str]:
+        """The preset the row names and whose shapes agree with the columns it states."""
+        label = row["model"]
+        if row.get("model_type", "").startswith("hybrid"):
+            return None, "hybrid Mamba layers are not supported (no Mamba layer kind)"
+        named: list[tuple[str, ModelSpec]] = []
+        if label in self.presets:
+            try:
+                pid = self.presets.resolve(label)
+                named = [(pid, self._preset(pid))]
+            except NdplanError as exc:
+                return None, str(exc)
+        for pid, spec in named + self._all_presets():
+            if _agrees(spec, row):
+                return spec, pid
+        if named:
+            return None, f"row shapes disagree with preset '{named[0][0]}'"
+        return None, f"architecture of '{label}' unknown (no preset, and the row does not state it)"
+
+    def interpret(self, row: Mapping[str, str]) -> RunCase | Skip:
+        row_id = _int(row.get("row_id", "")) or 0
+        label = row.get("model", "")
+        source = row.get("source", "")
+
+        def skip(reason: str) -> Skip:
+            return Skip(row_id, source_short(source), label, reason)
+
+        model, info = self.model_for(row)
+        if model is None:
+            return skip(info)
+        try:
+            device = self.devices.get(row.get("hardware", ""))
+        except NdplanError:
+            return skip(f"hardware '{row.get('hardware')}' not in the device catalog")
+        assumed: list[str] = []
+        framework = framework_of(row)
+        n = _int(row.get("num_gpus", ""))
+        tp = _int(row.get("tp", "")) or 1
+        pp = _int(row.get("pp", ""))
+        cp = _int(row.get("cp", "")) or 1
+        dp = _int(row.get("dp", ""))
+        if n is None:
+            return skip("device count not stated")
+        if pp is None:
+            if dp is not None and n % (tp * cp * dp) == 0:
+                pp = n // (tp * cp * dp)
+            elif "(TP*PP)" in row.get("notes", "") or "tp/pp split" in row.get("notes", "").lower():
+                return skip("degrees not stated (only the TP·PP product)")
+            else:
+                pp = 1
+                assumed.append("pp=1")
+        if row.get("tp", "") == "" and "(TP*PP)" in row.get("notes", ""):
+            return skip("degrees not stated (only the TP·PP product)")
+        if n % (tp * pp * cp):
+            return skip(f"tp({tp})·pp({pp})·cp({cp}) does not divide {n} devices")
+        dp = n // (tp * pp * cp)
+        seq = _int(row.get("seq_len", ""))
+        if seq is None:
+            match = re.search(r"default[^.;]* is (\d+)", row.get("notes", ""))
+            if not match:
+                return skip("sequence length not stated")
+            seq = int(match.group(1))
+            assumed.append(f"seq_len={seq} (source's default, from notes)")
+        mbs = _int(row.get("micro_batch_size", ""))
+        gbs = _int(row.get("global_batch_size", ""))
+        if mbs is None:
+            mbs = 1
+            assumed.append("mbs=1")
+        if gbs is None:
+            accum = _int(row.get("grad_accum", "")) or 1
+            gbs = dp * mbs * accum
+            assumed.append(f"gbs=dp·mbs·{accum}")
+        if gbs % (dp * mbs):
+            return skip(f"global batch {gbs} is not a multiple of dp({dp})·mbs({mbs})")
+        vpp = _int(row.get("vpp", "")) or 1
+        ep = _int(row.get("ep", "")) or 1
+        etp = _int(row.get("etp", ""))
+        policy, fraction = recompute_of(row.get("recompute", ""))
+        if not row.get("recompute", "").strip():
+            assumed.append("recompute=none")
+        zero = zero_of(row.get("fsdp_zero", ""), framework)
+        if zero is None:
+            zero = {"megatron": 1, "torchtitan": 3, "composer": 3}.get(framework, 1)
+            if framework == "megatron":
+                assumed.append("distributed optimizer")
+        if framework == "megatron" and zero == 2:
+            zero = 3
+        sp_col = row.get("sequence_parallel", "").lower()
+        sp = tp > 1 if not sp_col else sp_col.startswith("y")
+        precision = precision_of(row.get("precision", ""))
+        if precision is None:
+            precision = "bf16"
+            assumed.append("precision=bf16")
+        if precision == "fp4" and "fp4" not in device.peak_tflops:
+            return skip(f"fp4 on {device.id}, which has no fp4 rate")
+        moe = any(isinstance(k.ffn, MoEFFN) for k in model.kinds)
+        nvidia_perf = source_short(source) in ("megatron-bridge", "nemo", "nemo-cp")
+        job_framework = "torchtitan" if framework == "composer" else framework
+        try:
+            job = Job(
+                global_batch_size=gbs,
+                seq_length=seq,
+                precision=precision,
+                framework=job_framework,
+                attention_kernel="flash",
+                dropout=0.0,
+                # NVIDIA's performance recipes reduce gradients in bf16 and fuse the loss.
+                grad_reduce_dtype="bf16" if nvidia_perf else None,
+            )
+            layout = Layout(
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                vpp=vpp,
+                cp=cp,
+                ep=ep,
+                etp=etp,
+                mbs=mbs,
+                num_microbatches=gbs // (dp * mbs),
+                zero=zero,
+                sp=sp,
+                schedule="interleaved" if vpp > 1 and pp > 1 else "1f1b",
+                recompute=policy,
+                layers_per_stage=None,
+            )
+        except ValidationError as exc:
+            return skip(f"layout: {exc.errors()[0].get('msg')}")
+        if fraction is not None:
+            assumed.append("layer-level AC priced as full recompute of every layer")
+        step, how = self._measured_step(row, model, n, gbs, seq)
+        if step is None:
+            return skip("no throughput stated (tokens/s, step time or TFLOP/s)")
+        peak = _float(row.get("peak_mem", ""))
+        if peak is not None and row.get("peak_mem_unit", "").upper() == "GB":
+            peak = peak * 1e9 / 2**30
+        return RunCase(
+            row_id=row_id,
+            source=source_short(source),
+            model_label=label,
+            family=_family(model, label),
+            hardware=device.id,
+            moe=moe,
+            check="CHECK:" in row.get("notes", ""),
+            model=model,
+            device=device,
+            num_devices=n,
+            job=job,
+            layout=layout,
+            measured_step_s=step,
+            step_from=how,
+            measured_peak_gib=peak,
+            assumed=assumed,
+        )
+
+    @staticmethod
+    def _measured_step(
+        row, model: ModelSpec, n: int, gbs: int, seq: int
+    ) -> tuple[float | None, str]:
+        step = _float(row.get("step_time_s", ""))
+        if step:
+            return step, "step_time"
+        tokens = _float(row.get("tokens_per_sec_per_gpu", ""))
+        if tokens:
+            return gbs * seq / (tokens * n), "tokens/s"
+        total = _float(row.get("tokens_per_sec_total", ""))
+        if total:
+            return gbs * seq / total, "tokens/s"
+        tflops = _float(row.get("tflops_per_gpu", ""))
+        if tflops:
+            # Sources before Megatron-Bridge 25.09 count full (non-causal) attention.
+            convention = (
+                "causal" if source_short(row.get("source", "")) == "megatron-bridge" else "full"
+            )
+            per_token = count_flops(model, seq, convention).training_flops_per_token
+            return gbs * seq * per_token / (tflops * 1e12 * n), f"tflops ({convention} attention)"
+        return None, ""
+
+    def interpret_all(self, rows: Iterable[Mapping[str, str]]) -> tuple[list[RunCase], list[Skip]]:
+        cases, skips = [], []
+        for row in rows:
+            out = self.interpret(row)
+            (cases if isinstance(out, RunCase) else skips).append(out)
+        return cases, skips
+
+
+def _agrees(spec: ModelSpec, row: Mapping[str, str]) -> bool:
+    """Whether the shapes the row states match the spec (unstated columns match anything)."""
+    kind = spec.kinds[-1]
+    att = kind.attention
+    checks = {
+        "layers": spec.num_layers,
+        "hidden": spec.hidden_size,
+        "heads": getattr(att, "num_heads", None),
+        "vocab": spec.vocab_size,
+    }
+    if isinstance(att, StandardAttention):
+        checks["kv_heads"] = att.num_kv_heads
+    dense = next((k.ffn for k in spec.kinds if isinstance(k.ffn, DenseFFN)), None)
+    moe = next((k.ffn for k in spec.kinds if isinstance(k.ffn, MoEFFN)), None)
+    if dense is not None:
+        checks["ffn_hidden"] = dense.intermediate_size
+    if moe is not None:
+        checks["moe_ffn_hidden"] = moe.expert_intermediate_size
+        checks["experts"] = moe.num_experts
+        checks["topk"] = moe.top_k
+    for column, value in checks.items():
+        stated = _int(row.get(column, ""))
+        if stated is not None and value is not None and stated != value:
+            if column == "vocab" and abs(stated - value) <= 1024:
+                continue  # padded or instruct vocabularies differ by a few hundred entries
+            if column == "ffn_hidden" and moe is not None and dense is None:
+                continue
+            return False
+    return True
+
+
+def _family(model: ModelSpec, label: str) -> str:
+    text = (label + " " + model.model_type).lower()
+    for key in (
+        "llama",
+        "qwen",
+        "deepseek",
+        "kimi",
+        "mixtral",
+        "nemotron",
+        "mpt",
+        "gpt-oss",
+        "gpt oss",
+        "gpt",
+    ):
+        if key in text:
+            return key.replace(" ", "-")
+    return model.model_type

@@ -1,0 +1,311 @@
+"""``ndplan compare``: predicted against measured step time, and calibration fits."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ndplan.adapters.measured import RunInterpreter, Skip, read_rows
+from ndplan.core.errors import InvalidInputError
+from ndplan.core.fitting import ErrorStats
+from ndplan.planner import Planner
+from ndplan.validation import RowResult, compare, fit_calibration, group_stats, ranking_groups
+
+from .common import CalibrationOpt
+from .options import DeviceFiles, Json, state
+from .output import note, print_json, stdout, table, write_atomic
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def _stats_row(name: str, s: ErrorStats) -> list[str]:
+    return [
+        name,
+        str(s.count),
+        f"{100 * s.mape:.1f}%",
+        f"{100 * s.median:.1f}%",
+        f"{100 * s.p90:.1f}%",
+        _pct(s.bias),
+    ]
+
+
+STATS_COLUMNS = [
+    "group",
+    ("rows", "right"),
+    ("MAPE", "right"),
+    ("median |err|", "right"),
+    ("p90 |err|", "right"),
+    ("median err", "right"),
+]
+
+
+def summary_sections(results: list[RowResult]) -> dict[str, list[tuple[str, ErrorStats]]]:
+    """The statistics compare prints: by split and model type, source, hardware, family."""
+    clean = [r for r in results if not r.check]
+    sections: dict[str, list[tuple[str, ErrorStats]]] = {}
+    overall = []
+    for split in ("fit", "test"):
+        for label, moe in (("dense", False), ("MoE", True)):
+            errs = [r.error for r in clean if r.split == split and r.moe == moe]
+            if errs:
+                overall.append(
+                    (
+                        f"{split} rows ({'even' if split == 'fit' else 'odd'} row_id) · {label}",
+                        ErrorStats.of(errs),
+                    )
+                )
+    checks = [r.error for r in results if r.check]
+    if checks:
+        overall.append(("CHECK rows (source contradicts itself)", ErrorStats.of(checks)))
+    sections["overall"] = overall
+    for name, key in (
+        ("source", lambda r: r.source),
+        ("hardware", lambda r: r.hardware),
+        ("family", lambda r: f"{r.family} ({'MoE' if r.moe else 'dense'})"),
+    ):
+        sections[name] = [(g.key, g.stats) for g in group_stats(clean, key, name)]
+    return sections
+
+
+def compare_cmd(
+    ctx: typer.Context,
+    runs: Annotated[Path, typer.Argument(help="A CSV in the measured_runs.csv format.")],
+    calibration: CalibrationOpt = None,
+    fit: Annotated[
+        Path | None,
+        typer.Option(
+            "--fit",
+            help="Fit efficiency/overlap parameters on the rows and write a calibration file here.",
+            show_default=False,
+        ),
+    ] = None,
+    rows: Annotated[
+        str, typer.Option("--rows", help="all, even or odd row_id (the fixed fit/test split).")
+    ] = "all",
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite the --fit file if it exists.")
+    ] = False,
+    per_row: Annotated[
+        bool, typer.Option("--per-row/--summary-only", help="Print every row.")
+    ] = True,
+    device_file: DeviceFiles = None,
+    as_json: Json = False,
+) -> None:
+    """Price every row of measured runs and compare with the measured step time.
+
+    Rows that lack the architecture, degrees or batch are skipped with their reason.
+    Example: ndplan compare runs.csv --rows odd
+    """
+    if rows not in ("all", "even", "odd"):
+        raise InvalidInputError(f"--rows: '{rows}' unknown; use all, even or odd")
+    if fit is not None and fit.exists() and not force:
+        raise InvalidInputError(f"{fit}: exists; pass --force to overwrite it")
+    planner = Planner(state(ctx).components(device_file))
+    table_rows = read_rows(runs)
+    if rows != "all":
+        parity = 0 if rows == "even" else 1
+        table_rows = [
+            r
+            for r in table_rows
+            if (int(r["row_id"]) % 2 == parity if r["row_id"].isdigit() else False)
+        ]
+    cases, skips = RunInterpreter(
+        planner.components.presets, planner.components.devices
+    ).interpret_all(table_rows)
+    cal = planner.calibration(calibration)
+    if fit is not None:
+        note(f"fitting on {sum(not c.check for c in cases)} rows (CHECK rows excluded) …")
+        cal, _ = fit_calibration(
+            planner, cases, cal, source=f"ndplan compare --fit on {runs.name} ({rows} rows)"
+        )
+        write_atomic(fit, cal.model_dump_json(indent=2) + "\n", force=force)
+        note(f"wrote {fit}: {', '.join(f'{k}={v:.4g}' for k, v in cal.fit.items())}")
+    results = compare(planner, cases, cal)
+    sections = summary_sections(results)
+    memory = [r for r in results if r.measured_peak_gib is not None]
+    ranking = ranking_groups(
+        [r for r in results if not r.check],
+        lambda r: (r.model, r.hardware, cases_n(cases, r.row_id)),
+    )
+    if as_json:
+        print_json(
+            {
+                "calibration": cal.source,
+                "rows": [_row_json(r) for r in results],
+                "skipped": [
+                    {
+                        "row_id": s.row_id,
+                        "source": s.source,
+                        "model": s.model_label,
+                        "reason": s.reason,
+                    }
+                    for s in skips
+                ],
+                "summary": {
+                    name: [{"group": g, **_stats_json(s)} for g, s in items]
+                    for name, items in sections.items()
+                },
+                "memory": [
+                    {
+                        "row_id": r.row_id,
+                        "measured_gib": r.measured_peak_gib,
+                        "predicted_gib": r.predicted_peak_gib,
+                        "error": r.memory_error,
+                    }
+                    for r in memory
+                ],
+                "ranking": ranking,
+            }
+        )
+        return
+    if per_row:
+        stdout.print(
+            table(
+                f"predicted vs measured step time ({cal.source})",
+                [
+                    "row",
+                    "split",
+                    "source",
+                    "model",
+                    "hardware",
+                    ("N", "right"),
+                    "layout",
+                    ("measured s", "right"),
+                    ("predicted s", "right"),
+                    ("error", "right"),
+                    "fits",
+                ],
+                [_row_cells(r, cases) for r in results],
+            )
+        )
+    for name, items in sections.items():
+        stdout.print(
+            table(f"|error| by {name}", STATS_COLUMNS, [_stats_row(g, s) for g, s in items])
+        )
+    if memory:
+        stdout.print(
+            table(
+                "peak memory: predicted vs measured",
+                [
+                    "row",
+                    "model",
+                    ("measured GiB", "right"),
+                    ("predicted GiB", "right"),
+                    ("error", "right"),
+                ],
+                [
+                    (
+                        r.row_id,
+                        r.model,
+                        f"{r.measured_peak_gib:.1f}",
+                        f"{r.predicted_peak_gib:.1f}",
+                        _pct(r.memory_error),
+                    )
+                    for r in memory
+                ],
+            )
+        )
+    if ranking:
+        stdout.print(
+            table(
+                "ranking within groups (same model, hardware, devices)",
+                ["group", ("rows", "right"), ("Spearman", "right"), "measured best in top 3"],
+                [
+                    (
+                        g["group"],
+                        g["rows"],
+                        f"{g['spearman']:.2f}",
+                        "yes" if g["measured_best_in_top3"] else "no",
+                    )
+                    for g in ranking
+                ],
+            )
+        )
+    _print_skips(skips)
+
+
+def cases_n(cases, row_id: int) -> int:
+    for c in cases:
+        if c.row_id == row_id:
+            return c.num_devices
+    return 0
+
+
+def _print_skips(skips: list[Skip]) -> None:
+    if not skips:
+        return
+    counts = Counter(s.reason for s in skips)
+    stdout.print(
+        table(
+            f"skipped rows ({len(skips)})",
+            ["reason", ("rows", "right"), "row ids"],
+            [
+                (reason, n, ", ".join(str(s.row_id) for s in skips if s.reason == reason)[:60])
+                for reason, n in counts.most_common()
+            ],
+        )
+    )
+
+
+def _row_cells(r: RowResult, cases) -> list:
+    case = next(c for c in cases if c.row_id == r.row_id)
+    lay = case.layout
+    layout = (
+        f"tp{lay.tp} pp{lay.pp}"
+        + (f"v{lay.vpp}" if lay.vpp > 1 else "")
+        + f" cp{lay.cp}"
+        + (f" ep{lay.ep}" if lay.ep > 1 else "")
+        + f" dp{lay.dp} mbs{lay.mbs} z{lay.zero} {case.job.precision}"
+    )
+    return [
+        r.row_id,
+        r.split + ("*" if r.check else ""),
+        r.source,
+        r.model,
+        r.hardware,
+        case.num_devices,
+        layout,
+        f"{r.measured_s:.3f}",
+        f"{r.predicted_s:.3f}",
+        _pct(r.error),
+        "yes" if r.fits else "NO",
+    ]
+
+
+def _row_json(r: RowResult) -> dict:
+    return {
+        "row_id": r.row_id,
+        "split": r.split,
+        "check": r.check,
+        "source": r.source,
+        "model": r.model,
+        "family": r.family,
+        "hardware": r.hardware,
+        "moe": r.moe,
+        "measured_step_s": r.measured_s,
+        "predicted_step_s": r.predicted_s,
+        "error": r.error,
+        "fits": r.fits,
+        "step_from": r.step_from,
+        "assumed": r.assumed,
+        "parts": r.parts,
+    }
+
+
+def _stats_json(s: ErrorStats) -> dict:
+    return {
+        "rows": s.count,
+        "mape": s.mape,
+        "median_abs_error": s.median,
+        "p90_abs_error": s.p90,
+        "median_error": s.bias,
+    }
+
+
+def register(app: typer.Typer) -> None:
+    app.command("compare")(compare_cmd)

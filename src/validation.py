@@ -1,0 +1,290 @@
+"""Predicted against measured: pricing published runs, error statistics, calibration fits.
+
+The fixed split of spec/validation.md: parameters are fitted on the rows with an
+even ``row_id`` and the error is reported on the odd ones, so nobody chooses the
+test rows. Rows whose source contradicts itself (``CHECK:``) stay out of fits
+and are reported apart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ndplan.adapters.measured import RunCase
+from ndplan.core.calibration import Calibration, DeviceEfficiency, Overlap
+from ndplan.core.cluster import Cluster
+from ndplan.core.context import PricingContext
+from ndplan.core.errors import NdplanError
+from ndplan.core.fitting import ErrorStats, Parameter, coordinate_search, spearman
+from ndplan.planner import Planner, PricingOptions
+
+FAMILIES = {
+    "a100-40gb": "ampere",
+    "a100-80gb": "ampere",
+    "h100-sxm": "hopper",
+    "h100-pcie": "hopper",
+    "h100-96gb": "hopper",
+    "h200": "hopper",
+    "h800": "hopper",
+    "b200": "blackwell",
+    "gb200": "blackwell",
+    "b300": "blackwell-ultra",
+    "gb300": "blackwell-ultra",
+}
+"""Device id → generation: parts of one generation share a fit."""
+
+
+@dataclass
+class RowResult:
+    row_id: int
+    source: str
+    model: str
+    family: str
+    hardware: str
+    moe: bool
+    check: bool
+    measured_s: float
+    predicted_s: float
+    fits: bool
+    predicted_peak_gib: float
+    measured_peak_gib: float | None
+    step_from: str
+    assumed: list[str] = field(default_factory=list)
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def error(self) -> float:
+        return self.predicted_s / self.measured_s - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        if self.measured_peak_gib is None:
+            return None
+        return self.predicted_peak_gib / self.measured_peak_gib - 1
+
+    @property
+    def split(self) -> str:
+        return "fit" if self.row_id % 2 == 0 else "test"
+
+
+def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> RowResult:
+    ctx = PricingContext(
+        model=case.model,
+        cluster=Cluster(device=case.device, num_devices=case.num_devices),
+        job=case.job,
+        calibration=calibration,
+    )
+    pricer = planner.pricer(ctx, PricingOptions())
+    priced = pricer.price(case.layout)
+    assert priced.time is not None
+    return RowResult(
+        row_id=case.row_id,
+        source=case.source,
+        model=case.model_label,
+        family=case.family,
+        hardware=case.hardware,
+        moe=case.moe,
+        check=case.check,
+        measured_s=case.measured_step_s,
+        predicted_s=priced.time.step_s,
+        fits=priced.fits,
+        predicted_peak_gib=priced.peak_bytes / 2**30,
+        measured_peak_gib=case.measured_peak_gib,
+        step_from=case.step_from,
+        assumed=case.assumed,
+        parts=dict(priced.time.parts),
+    )
+
+
+def compare(
+    planner: Planner, cases: Iterable[RunCase], calibration: Calibration
+) -> list[RowResult]:
+    out = []
+    for case in cases:
+        try:
+            out.append(price_case(planner, case, calibration))
+        except NdplanError:
+            continue
+    return out
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    group: str
+    key: str
+    stats: ErrorStats
+
+
+def group_stats(
+    results: Sequence[RowResult], key: Callable[[RowResult], str], name: str
+) -> list[GroupStats]:
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in results:
+        groups[key(r)].append(r.error)
+    return [GroupStats(name, k, ErrorStats.of(v)) for k, v in sorted(groups.items())]
+
+
+def ranking_groups(results: Sequence[RowResult], same: Callable[[RowResult], tuple]) -> list[dict]:
+    """Groups of rows with the same model, hardware and device count but different layouts:
+    Spearman of predicted vs measured throughput, and whether the measured best is in
+    the predicted top 3."""
+    groups: dict[tuple, list[RowResult]] = defaultdict(list)
+    for r in results:
+        groups[same(r)].append(r)
+    out = []
+    for key, rows in sorted(groups.items()):
+        if len(rows) < 3:
+            continue
+        measured = [1 / r.measured_s for r in rows]
+        predicted = [1 / r.predicted_s for r in rows]
+        best = max(range(len(rows)), key=lambda i: measured[i])
+        top3 = sorted(range(len(rows)), key=lambda i: -predicted[i])[:3]
+        out.append(
+            {
+                "group": " · ".join(str(k) for k in key),
+                "rows": len(rows),
+                "spearman": spearman(predicted, measured),
+                "measured_best_in_top3": best in top3,
+            }
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+DEVICE_FIELDS = ("gemm", "gemm_low_precision", "attention")
+SHARED_FIELDS = (
+    ("hbm", 0.4, 0.95),
+    ("scale_up_bus", 0.3, 0.95),
+    ("scale_out_bus", 0.3, 0.95),
+    ("gemm_half_gflop", 0.0, 40.0),
+    ("grouped_gemm_half_gflop", 0.0, 40.0),
+    ("kernel_launch_us", 0.0, 40.0),
+)
+OVERLAP_FIELDS = {"megatron": ("tp", "ep", "dp", "cp"), "torchtitan": ("fsdp", "tp")}
+BOUNDS = {"gemm": (0.3, 0.95), "gemm_low_precision": (0.2, 0.95), "attention": (0.15, 0.95)}
+
+
+class CalibrationSpace:
+    """The fitted parameters as a vector, and back: per device generation the GEMM and
+    attention efficiencies; shared HBM and link efficiencies, the small-GEMM knee and
+    the per-kernel gap; per framework the overlap fractions; the per-step overhead."""
+
+    def __init__(self, base: Calibration, families: Iterable[str]) -> None:
+        self.base = base
+        self.families = sorted(set(families))
+        params: list[Parameter] = []
+        for fam in self.families:
+            for f in DEVICE_FIELDS:
+                params.append(Parameter(f"{fam}.{f}", *BOUNDS[f]))
+        for f, lo, hi in SHARED_FIELDS:
+            params.append(Parameter(f"shared.{f}", lo, hi))
+        for fw, fields in OVERLAP_FIELDS.items():
+            for f in fields:
+                params.append(Parameter(f"overlap.{fw}.{f}", 0.0, 1.0))
+        params.append(Parameter("step_overhead_s", 0.0, 0.5))
+        self.params = params
+
+    def start(self) -> np.ndarray:
+        values = []
+        for p in self.params:
+            head, _, tail = p.name.partition(".")
+            if head == "shared":
+                values.append(getattr(self.base.default, tail))
+            elif head == "overlap":
+                fw, f = tail.split(".")
+                values.append(getattr(self.base.overlap_for(fw), f))
+            elif head == "step_overhead_s":
+                values.append(self.base.step_overhead_s)
+            else:
+                eff = self.base.devices.get(head, self.base.default)
+                values.append(getattr(eff, tail))
+        return np.asarray(values, dtype=float)
+
+    def calibration(self, x: np.ndarray, **fit: float) -> Calibration:
+        values = dict(zip((p.name for p in self.params), (float(v) for v in x), strict=True))
+        shared = {f: values[f"shared.{f}"] for f, _, _ in SHARED_FIELDS}
+        default = self.base.default.model_copy(update=shared)
+        devices = dict(self.base.devices)
+        for fam in self.families:
+            update = {**shared, **{f: values[f"{fam}.{f}"] for f in DEVICE_FIELDS}}
+            devices[fam] = devices.get(fam, default).model_copy(update=update)
+        overlap = dict(self.base.overlap)
+        for fw, fields in OVERLAP_FIELDS.items():
+            current = overlap.get(fw) or self.base.overlap_for(fw)
+            overlap[fw] = Overlap(
+                **{**current.model_dump(), **{f: values[f"overlap.{fw}.{f}"] for f in fields}}
+            )
+        families = {
+            **self.base.families,
+            **{d: f for d, f in FAMILIES.items() if f in self.families},
+        }
+        return self.base.model_copy(
+            update={
+                "default": default,
+                "devices": devices,
+                "overlap": overlap,
+                "families": families,
+                "step_overhead_s": values["step_overhead_s"],
+                "fit": fit,
+            }
+        )
+
+
+def fit_calibration(
+    planner: Planner,
+    cases: Sequence[RunCase],
+    base: Calibration | None = None,
+    *,
+    sweeps: int = 3,
+    source: str = "ndplan compare --fit",
+    progress: Callable[[int], None] | None = None,
+) -> tuple[Calibration, list[RowResult]]:
+    """Fit the calibration on ``cases`` (CHECK rows excluded), minimising a robust
+    loss of log(predicted/measured) with each source weighted by 1/√rows."""
+    base = base or Calibration()
+    usable = [c for c in cases if not c.check]
+    families = {FAMILIES.get(c.device.id, c.device.id) for c in usable}
+    space = CalibrationSpace(base, families)
+    per_source: dict[str, int] = defaultdict(int)
+    for c in usable:
+        per_source[c.source] += 1
+    weights = np.array([1 / math.sqrt(per_source[c.source]) for c in usable])
+    calls = 0
+
+    def objective(x: np.ndarray) -> float:
+        nonlocal calls
+        calls += 1
+        if progress is not None:
+            progress(calls)
+        cal = space.calibration(x)
+        results = compare(planner, usable, cal)
+        if len(results) != len(usable):
+            return math.inf
+        errors = np.array([math.log(r.predicted_s / r.measured_s) for r in results])
+        delta = 0.25
+        loss = np.where(np.abs(errors) <= delta, errors**2, delta * (2 * np.abs(errors) - delta))
+        return float((weights * loss).sum() / weights.sum())
+
+    x, best = coordinate_search(objective, space.start(), space.params, sweeps=sweeps)
+    results = compare(planner, usable, space.calibration(x))
+    stats = ErrorStats.of([r.error for r in results])
+    fitted = space.calibration(
+        x,
+        rows=float(len(usable)),
+        loss=best,
+        median_abs_error=stats.median,
+        mape=stats.mape,
+        evaluations=float(calls),
+    )
+    return fitted.model_copy(update={"source": source}), results
+
+
+def device_efficiency_fields() -> tuple[str, ...]:
+    return tuple(DeviceEfficiency.model_fields)

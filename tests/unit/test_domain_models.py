@@ -1,0 +1,334 @@
+"""The domain models: frozen, strict, hashable, self-documenting; errors that show their arithmetic."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import itertools
+import pkgutil
+import textwrap
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+import ndplan.core
+from ndplan.core.assumptions import Assumption, AssumptionRecorder
+from ndplan.core.base import Frozen
+from ndplan.core.cluster import DeviceSpec
+from ndplan.core.errors import ExitCode, InvalidInputError
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout, SearchSpace, check_layout
+from ndplan.core.model import DenseFFN, LayerKind, ModelSpec, MoEFFN, StandardAttention
+
+
+def core_models() -> list[type[BaseModel]]:
+    """Every pydantic model defined in ``ndplan.core``."""
+    found: dict[str, type[BaseModel]] = {}
+    for info in pkgutil.walk_packages(ndplan.core.__path__, "ndplan.core."):
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseModel)
+                and obj.__module__ == module.__name__
+            ):
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return [found[k] for k in sorted(found)]
+
+
+def dense_kind(name: str = "attn+dense", heads: int = 32, kv_heads: int = 8) -> LayerKind:
+    return LayerKind(
+        name=name,
+        attention=StandardAttention(num_heads=heads, num_kv_heads=kv_heads, head_dim=128),
+        ffn=DenseFFN(intermediate_size=14336),
+    )
+
+
+def small_model(**overrides: Any) -> ModelSpec:
+    data: dict[str, Any] = {
+        "name": "tiny",
+        "hidden_size": 4096,
+        "vocab_size": 32000,
+        "kinds": (dense_kind(),),
+        "layers": (0,) * 4,
+    }
+    data.update(overrides)
+    return ModelSpec(**data)
+
+
+CHECK = {
+    "num_devices": 8,
+    "global_batch": 16,
+    "seq_len": 4096,
+    "num_layers": 32,
+    "heads": 32,
+    "kv_heads": 8,
+}
+
+
+def check(layout: Layout, **overrides: Any) -> None:
+    check_layout(layout, **{**CHECK, **overrides})
+
+
+def error_of(layout: Layout, **overrides: Any) -> str:
+    with pytest.raises(InvalidInputError) as err:
+        check(layout, **overrides)
+    assert err.value.exit_code is ExitCode.INVALID_INPUT
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+# --------------------------------------------------------------- the model conventions
+
+
+def test_there_are_core_models_to_check() -> None:
+    names = {m.__name__ for m in core_models()}
+    assert {"Layout", "SearchSpace", "ModelSpec", "DeviceSpec", "Cluster", "Job"} <= names
+
+
+@pytest.mark.parametrize("model", core_models(), ids=lambda m: m.__name__)
+def test_every_core_model_is_frozen_strict_and_self_documenting(model: type[BaseModel]) -> None:
+    assert issubclass(model, Frozen), f"{model.__name__} does not derive from core.base.Frozen"
+    config = model.model_config
+    assert config.get("frozen") is True
+    assert config.get("extra") == "forbid"
+    assert config.get("use_attribute_docstrings") is True
+
+
+@pytest.mark.parametrize("model", core_models(), ids=lambda m: m.__name__)
+def test_no_core_model_has_a_list_field(model: type[BaseModel]) -> None:
+    """Sequences are tuples, so equal models hash equal and can key a cache."""
+    lists = [name for name, f in model.model_fields.items() if "list[" in str(f.annotation)]
+    assert lists == [], f"{model.__name__}: use tuples for {lists}"
+
+
+def test_a_model_cannot_be_changed() -> None:
+    layout = Layout(tp=2)
+    with pytest.raises(ValidationError, match="frozen"):
+        layout.tp = 4  # type: ignore[misc]
+    assert layout.model_copy(update={"tp": 4}).tp == 4
+    assert layout.tp == 2
+
+
+def test_unknown_keys_are_refused_by_name() -> None:
+    with pytest.raises(ValidationError) as err:
+        Layout.model_validate({"tp": 2, "tensor_parallel": 2})
+    (error,) = err.value.errors()
+    assert error["loc"] == ("tensor_parallel",)
+    assert error["type"] == "extra_forbidden"
+
+
+def test_degrees_are_positive() -> None:
+    with pytest.raises(ValidationError) as err:
+        Layout(tp=0)
+    assert err.value.errors()[0]["loc"] == ("tp",)
+
+
+def test_sequences_become_tuples_and_equal_models_hash_equal() -> None:
+    a = Layout.model_validate({"pp": 2, "layers_per_stage": [15, 17]})
+    b = Layout.model_validate_json('{"pp": 2, "layers_per_stage": [15, 17]}')
+    assert a.layers_per_stage == (15, 17)
+    assert a == b and hash(a) == hash(b)
+    assert len({a, b, Layout(pp=2)}) == 2
+
+    space = SearchSpace.model_validate({"tp": [1, 2, 4], "sp": [True, False]})
+    assert space.tp == (1, 2, 4)
+    assert hash(space) == hash(SearchSpace(tp=(1, 2, 4), sp=(True, False)))
+
+
+def test_a_model_spec_and_a_job_can_key_a_cache() -> None:
+    cache = {(small_model(), Job(global_batch_size=16, seq_length=4096)): "priced"}
+    key = (
+        ModelSpec.model_validate_json(small_model().model_dump_json()),
+        Job(global_batch_size=16, seq_length=4096),
+    )
+    assert cache[key] == "priced"
+
+
+def test_a_model_round_trips_through_json() -> None:
+    model = small_model()
+    assert ModelSpec.model_validate_json(model.model_dump_json()) == model
+
+
+def test_field_docstrings_are_schema_descriptions() -> None:
+    layout = Layout.model_json_schema()["properties"]
+    assert layout["vpp"]["description"] == "Virtual pipeline chunks per stage (interleaved 1F1B)."
+    assert layout["mbs"]["description"] == "Micro-batch size (sequences)."
+    device = DeviceSpec.model_json_schema()["properties"]
+    assert device["memory_gib"]["description"] == "HBM capacity, GiB."
+    job = Job.model_json_schema()["properties"]
+    assert job["seq_length"]["description"] == "Tokens per sequence."
+
+
+def _field_docstrings(model: type[BaseModel]) -> dict[str, str]:
+    """The docstring under each annotated field in the class body, as written."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for stmt, after in itertools.pairwise(body):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[stmt.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+@pytest.mark.parametrize("model", core_models(), ids=lambda m: m.__name__)
+def test_every_field_docstring_reaches_the_schema(model: type[BaseModel]) -> None:
+    """A description on a shared Annotated type would silently win over the docstring."""
+    if model is Layout:
+        assert _field_docstrings(model)["vpp"].startswith("Virtual pipeline")  # the probe works
+    for name, doc in _field_docstrings(model).items():
+        assert model.model_fields[name].description == doc, f"{model.__name__}.{name}"
+
+
+def test_constrained_types_document_themselves() -> None:
+    tp = Layout.model_json_schema()["properties"]["tp"]
+    assert tp["minimum"] == 1  # from the shared Degree type
+    assert tp["description"] == "Tensor-parallel degree (Megatron style)."  # its own docstring
+
+
+def test_model_validators_name_the_offending_fields() -> None:
+    with pytest.raises(
+        ValidationError, match=r"num_attention_heads\(32\) .* num_key_value_heads\(5\)"
+    ):
+        StandardAttention(num_heads=32, num_kv_heads=5, head_dim=128)
+    with pytest.raises(ValidationError, match=r"num_experts_per_tok\(9\) exceeds num_experts\(8\)"):
+        MoEFFN(num_experts=8, top_k=9, expert_intermediate_size=1024)
+    with pytest.raises(ValidationError, match=r"layer kinds never used: \[1\]"):
+        small_model(kinds=(dense_kind(), dense_kind("other")))
+    with pytest.raises(ValidationError, match=r"vpp\(2\) > 1 needs schedule 'interleaved'"):
+        Layout(pp=2, vpp=2)
+
+
+# --------------------------------------------------------------- cross-field checks
+
+
+def test_a_consistent_layout_passes() -> None:
+    check(Layout(tp=2, pp=2, dp=2, mbs=2, num_microbatches=4))
+
+
+def test_degrees_that_do_not_multiply_out_print_the_arithmetic() -> None:
+    message = error_of(
+        Layout(tp=8, pp=4, cp=2, dp=5), num_devices=256, global_batch=5, seq_len=8192
+    )
+    assert message.startswith("tp(8)·pp(4)·cp(2)·dp(5) = 320 ≠ devices(256)")
+    assert "--devices" in message  # names the fix
+
+
+def test_a_global_batch_mismatch_prints_the_arithmetic() -> None:
+    message = error_of(Layout(tp=2, pp=2, dp=2, mbs=2, num_microbatches=3))
+    assert message.startswith("dp(2)·mbs(2)·microbatches(3) = 12 ≠ global batch(16)")
+    assert "--gbs" in message
+
+
+def test_tp_must_divide_the_heads() -> None:
+    message = error_of(Layout(tp=8, dp=1, num_microbatches=16), heads=36)
+    assert message == "tp(8) does not divide the attention heads(36); choose a divisor"
+
+
+def test_tp_and_the_kv_heads_must_divide_one_another() -> None:
+    message = error_of(Layout(tp=8, dp=1, num_microbatches=16), heads=48, kv_heads=12)
+    assert "tp(8) and the key/value heads(12) do not divide one another" in message
+    # Either direction is fine: tp 8 over 4 kv heads replicates them.
+    check(Layout(tp=8, dp=1, num_microbatches=16), kv_heads=4)
+
+
+def test_cp_must_divide_the_sequence() -> None:
+    message = error_of(Layout(cp=8, dp=1, num_microbatches=16), seq_len=4100)
+    assert message == "cp(8) does not divide the sequence length(4100)"
+
+
+def test_ep_must_divide_the_experts() -> None:
+    message = error_of(Layout(dp=8, ep=3, num_microbatches=2), num_experts=64)
+    assert message == "ep(3) does not divide the routed experts(64)"
+
+
+def test_ep_times_etp_must_divide_the_data_parallel_devices() -> None:
+    message = error_of(Layout(tp=2, dp=4, ep=8, num_microbatches=4), num_experts=64)
+    assert message.startswith("ep(8)·etp(2) = 16 does not divide dp·cp·tp = 8")
+
+
+def test_ep_needs_experts() -> None:
+    message = error_of(Layout(dp=8, ep=2, num_microbatches=2))
+    assert message == "ep(2) > 1 but the model has no experts; use --ep 1"
+
+
+def test_uneven_placement_must_cover_the_layers() -> None:
+    base = {"pp": 2, "dp": 4, "num_microbatches": 4}
+    assert error_of(Layout(**base, layers_per_stage=(10, 10, 12))).startswith(
+        "layers_per_stage lists 3 entries; the layout has 2 chunks"
+    )
+    assert error_of(Layout(**base, layers_per_stage=(15, 16))) == (
+        "layers_per_stage sums to 31 ≠ layers(32)"
+    )
+    check(Layout(**base, layers_per_stage=(15, 17)))
+
+
+def test_more_chunks_than_layers_is_refused() -> None:
+    message = error_of(Layout(pp=8, dp=1, num_microbatches=16), num_layers=4)
+    assert message == "pp·vpp = 8 chunks exceed the 4 layers"
+
+
+# --------------------------------------------------------------- assumptions
+
+
+def test_an_assumption_is_recorded_once_with_its_first_reader() -> None:
+    rec = AssumptionRecorder()
+    assert rec.default("precision", "bf16", "cost model") == "bf16"
+    assert rec.default("precision", "bf16", "memory model") == "bf16"
+
+    assert rec.items == (Assumption("precision", "bf16", "cost model"),)
+
+
+def test_assumptions_are_sorted_by_field_whatever_the_read_order() -> None:
+    rec = AssumptionRecorder()
+    rec.default("optimizer", "adam", "memory model")
+    rec.default("dropout", 0.0, "job")
+    rec.default("attention_kernel", "flash", "memory model")
+
+    assert [a.field for a in rec.items] == ["attention_kernel", "dropout", "optimizer"]
+    assert rec.line() == (
+        "assumed: attention_kernel=flash (memory model); dropout=0.0 (job); "
+        "optimizer=adam (memory model)"
+    )
+
+
+def test_no_assumption_no_line() -> None:
+    assert AssumptionRecorder().line() == ""
+    assert AssumptionRecorder().items == ()
+
+
+def test_assumptions_from_elsewhere_merge_without_overriding() -> None:
+    rec = AssumptionRecorder()
+    rec.default("precision", "bf16", "main")
+    worker = AssumptionRecorder()
+    worker.default("precision", "fp16", "worker")
+    worker.default("cp_kind", "ring", "worker")
+
+    rec.merge(worker.items)
+
+    assert rec.items == (
+        Assumption("cp_kind", "ring", "worker"),
+        Assumption("precision", "bf16", "main"),
+    )
+
+
+def test_strict_refuses_to_assume_naming_the_field() -> None:
+    rec = AssumptionRecorder(strict=True)
+
+    with pytest.raises(InvalidInputError) as err:
+        rec.default("seq_length", 4096, "job")
+
+    message = str(err.value)
+    assert message.startswith("seq_length: not stated")
+    assert "4096" in message and "--strict" in message and "(read by job)" in message
+    assert err.value.exit_code is ExitCode.INVALID_INPUT
+    assert rec.items == ()

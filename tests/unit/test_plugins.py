@@ -1,0 +1,519 @@
+"""Plugins through the composition root: in-process fakes, importable modules, entry points.
+
+Entry points are faked at the ``importlib.metadata`` seam the manager reads; a real
+installed distribution is exercised in tests/integration/test_entry_point_distribution.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ndplan.bootstrap import REGISTRIES, bootstrap
+from ndplan.cli.app import run
+from ndplan.core.cluster import DeviceSpec
+from ndplan.core.errors import ExitCode, PluginError
+from ndplan.core.layout import Layout
+from ndplan.plugins import builtin, hookspecs, manager
+from ndplan.plugins.hookspecs import hookimpl
+from ndplan.plugins.manager import BUILTIN_NAME, make_plugin_manager
+
+
+@pytest.fixture(autouse=True)
+def _no_plugins_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def device(device_id: str, memory_gib: float = 64.0) -> DeviceSpec:
+    """A small, valid device type."""
+    return DeviceSpec.model_validate(
+        {
+            "id": device_id,
+            "name": f"Test {device_id}",
+            "memory_gib": memory_gib,
+            "peak_tflops": {"bf16": 400.0},
+            "hbm_bandwidth_gb_per_s": 2000.0,
+            "scale_up": {"bandwidth_gb_per_s": 200.0},
+            "scale_out": {"bandwidth_gb_per_s": 25.0},
+            "host_link": {"bandwidth_gb_per_s": 32.0},
+        }
+    )
+
+
+def refuse_odd_tp(layout: Layout, context: object) -> str | None:
+    return "odd tp" if layout.tp % 2 else None
+
+
+class FakeAccelPlugin:
+    """A third-party plugin: one device and one refusal rule; records what it saw."""
+
+    def __init__(self) -> None:
+        self.devices_seen: list[str] | None = None
+
+    @hookimpl
+    def ndplan_register_devices(self, registry):
+        self.devices_seen = list(registry)
+        registry.add("fake-accel", device("fake-accel"), aliases=("Fake Accel 1",))
+
+    @hookimpl
+    def ndplan_register_refusal_rules(self, registry):
+        registry.add("fake-no-odd-tp", refuse_odd_tp)
+
+
+class EveryHookPlugin:
+    """Implements every hook; each adds one uniquely named component."""
+
+    @hookimpl
+    def ndplan_register_devices(self, registry):
+        registry.add("every-accel", device("every-accel"))
+
+    @hookimpl
+    def ndplan_register_presets(self, registry):
+        registry.add("every-preset", lambda: {"model_type": "llama"})
+
+    @hookimpl
+    def ndplan_register_model_readers(self, registry):
+        registry.add("every-reader", object())
+
+    @hookimpl
+    def ndplan_register_memory_models(self, registry):
+        registry.add("every-memory", object)
+
+    @hookimpl
+    def ndplan_register_cost_models(self, registry):
+        registry.add("every-cost", lambda calibration: object())
+
+    @hookimpl
+    def ndplan_register_knapsack_solvers(self, registry):
+        registry.add("every-knapsack", lambda bucket_bytes: object())
+
+    @hookimpl
+    def ndplan_register_refusal_rules(self, registry):
+        registry.add("every-rule", refuse_odd_tp)
+
+    @hookimpl
+    def ndplan_register_executors(self, registry):
+        registry.add("every-executor", lambda jobs, options: object())
+
+    @hookimpl
+    def ndplan_register_debug_sinks(self, registry):
+        registry.add("every-sink", object)
+
+    @hookimpl
+    def ndplan_register_exporters(self, registry):
+        registry.add("every-export", object())
+
+
+def _spec_names() -> list[str]:
+    return sorted(
+        name
+        for name in vars(hookspecs)
+        if name.startswith("ndplan_") and callable(getattr(hookspecs, name))
+    )
+
+
+# --------------------------------------------------------------- in-process plugins
+
+
+def test_an_in_process_plugin_adds_a_device_and_a_refusal_rule() -> None:
+    plugin = FakeAccelPlugin()
+    comps = bootstrap(extra=[plugin], entry_points=False)
+
+    entry = comps.devices.entry("fake-accel")
+    assert entry.plugin == "FakeAccelPlugin"
+    assert entry.value.memory_gib == 64.0
+    assert comps.devices.get("fake accel 1").id == "fake-accel"
+    assert "h100-sxm" in comps.devices  # the built-ins are still there
+    assert comps.refusal_rules.rules == [("fake-no-odd-tp", refuse_odd_tp)]
+    _, rule = comps.refusal_rules.rules[0]
+    assert rule(Layout(tp=3), None) == "odd tp"
+    assert rule(Layout(tp=4), None) is None
+
+    info = {p.name: p for p in comps.plugins}
+    assert info["FakeAccelPlugin"].source == "in-process"
+    assert info["FakeAccelPlugin"].hooks == (
+        "ndplan_register_devices",
+        "ndplan_register_refusal_rules",
+    )
+    assert comps.plugins[0].name == BUILTIN_NAME  # the listing starts with the built-in
+
+
+def test_every_hook_feeds_its_registry() -> None:
+    comps = bootstrap(extra=[EveryHookPlugin()], entry_points=False)
+
+    for attr, (_, hook_name) in REGISTRIES.items():
+        registry = getattr(comps, attr)
+        mine = [e.name for e in registry.entries() if e.plugin == "EveryHookPlugin"]
+        assert len(mine) == 1, f"{hook_name} added nothing to {attr}"
+    assert [n for n, _ in comps.refusal_rules.rules] == ["every-rule"]
+    (info,) = (p for p in comps.plugins if p.name == "EveryHookPlugin")
+    assert list(info.hooks) == _spec_names()
+
+
+def test_a_plugin_replaces_a_builtin_device_only_when_it_says_so() -> None:
+    class Derate:
+        @hookimpl
+        def ndplan_register_devices(self, registry):
+            registry.add("h100-sxm", device("h100-sxm", memory_gib=70.0), replace=True)
+
+    class Clash:
+        @hookimpl
+        def ndplan_register_devices(self, registry):
+            registry.add("h100-sxm", device("h100-sxm", memory_gib=70.0))
+
+    entry = bootstrap(extra=[Derate()], entry_points=False).devices.entry("H100")
+    assert (entry.plugin, entry.replaced, entry.value.memory_gib) == ("Derate", BUILTIN_NAME, 70.0)
+
+    with pytest.raises(PluginError, match=r"'h100-sxm' is registered by both 'Clash' and"):
+        bootstrap(extra=[Clash()], entry_points=False)
+
+
+def test_a_plugin_raising_in_a_hook_is_a_plugin_error_naming_it() -> None:
+    class Exploding:
+        @hookimpl
+        def ndplan_register_devices(self, registry):
+            raise RuntimeError("datasheet not found")
+
+    with pytest.raises(PluginError) as err:
+        bootstrap(extra=[Exploding()], entry_points=False)
+
+    assert str(err.value) == (
+        "plugin 'Exploding' failed in ndplan_register_devices: RuntimeError: datasheet not found"
+    )
+    assert err.value.exit_code is ExitCode.PLUGIN_ERROR
+
+
+def test_a_plugin_with_a_misspelled_hook_is_refused() -> None:
+    class Typo:
+        @hookimpl
+        def ndplan_register_device(self, registry):  # missing 's': pluggy would ignore it
+            registry.add("typo-accel", device("typo-accel"))
+
+    with pytest.raises(PluginError, match=r"plugin 'Typo' .*unknown hook 'ndplan_register_device'"):
+        bootstrap(extra=[Typo()], entry_points=False)
+
+
+def test_a_plugin_with_a_wrong_hook_signature_is_refused() -> None:
+    class WrongArgs:
+        @hookimpl
+        def ndplan_register_devices(self, devices):
+            pass
+
+    with pytest.raises(PluginError, match=r"plugin 'WrongArgs' \(in-process\) could not register"):
+        bootstrap(extra=[WrongArgs()], entry_points=False)
+
+
+# --------------------------------------------------------------- disabling and order
+
+
+def test_ndplan_disable_plugins_blocks_named_plugins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", "someone-else, FakeAccelPlugin")
+    plugin = FakeAccelPlugin()
+
+    comps = bootstrap(extra=[plugin], entry_points=False)
+
+    assert [p.name for p in comps.plugins] == [BUILTIN_NAME]
+    assert "fake-accel" not in comps.devices
+    assert comps.refusal_rules.rules == []
+    assert plugin.devices_seen is None  # its hooks never ran
+
+
+def test_disabling_the_builtin_leaves_only_third_party_components(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", BUILTIN_NAME)
+
+    comps = bootstrap(extra=[FakeAccelPlugin()], entry_points=False)
+
+    assert list(comps.devices) == ["fake-accel"]
+    assert len(comps.presets) == 0
+
+
+def test_disabled_can_also_be_passed_explicitly() -> None:
+    comps = bootstrap(extra=[FakeAccelPlugin()], disabled=["FakeAccelPlugin"], entry_points=False)
+    assert "fake-accel" not in comps.devices
+
+
+def test_user_plugins_are_asked_before_the_builtins() -> None:
+    plugin = FakeAccelPlugin()
+    bootstrap(extra=[plugin], entry_points=False)
+    assert plugin.devices_seen == []  # no built-in device was registered yet
+
+    pm, _ = make_plugin_manager(extra=[FakeAccelPlugin()], entry_points=False)
+    for name in _spec_names():
+        impls = getattr(pm.hook, name).get_hookimpls()
+        call_order = [impl.plugin_name for impl in reversed(impls)]  # pluggy calls LIFO
+        if BUILTIN_NAME in call_order:
+            assert call_order[-1] == BUILTIN_NAME, name
+
+
+def test_every_builtin_hook_is_trylast() -> None:
+    pm, _ = make_plugin_manager(entry_points=False)
+    impls = [
+        impl
+        for name in _spec_names()
+        for impl in getattr(pm.hook, name).get_hookimpls()
+        if impl.plugin_name == BUILTIN_NAME
+    ]
+    assert impls, "the built-in plugin implements no hook"
+    assert all(impl.trylast for impl in impls)
+    assert {impl.function for impl in impls} <= {
+        getattr(builtin, impl.function.__name__) for impl in impls
+    }
+
+
+def test_each_bootstrap_builds_a_fresh_manager() -> None:
+    first = bootstrap(extra=[FakeAccelPlugin()], entry_points=False)
+    second = bootstrap(entry_points=False)
+    assert "fake-accel" in first.devices
+    assert "fake-accel" not in second.devices
+
+
+# --------------------------------------------------------------- importable modules
+
+
+@pytest.fixture
+def plugin_module(monkeypatch: pytest.MonkeyPatch) -> str:
+    """An importable plugin module, without touching the file system."""
+    module = types.ModuleType("acme_ndplan_plugin")
+
+    @hookimpl
+    def ndplan_register_devices(registry):
+        registry.add("acme-accel", device("acme-accel"))
+
+    module.ndplan_register_devices = ndplan_register_devices  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module.__name__
+
+
+def test_a_module_named_on_the_command_line_is_loaded(plugin_module: str) -> None:
+    comps = bootstrap(plugins=[plugin_module], entry_points=False)
+
+    assert comps.devices.entry("acme-accel").plugin == plugin_module
+    assert comps.plugin_modules == (plugin_module,)
+    (info,) = (p for p in comps.plugins if p.name == plugin_module)
+    assert info.source == f"module {plugin_module}"
+
+
+def test_a_module_named_in_ndplan_plugins_is_loaded(
+    plugin_module: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NDPLAN_PLUGINS", f" {plugin_module} ,")
+    comps = bootstrap(plugins=[plugin_module], entry_points=False)  # named twice, loaded once
+    assert comps.plugin_modules == (plugin_module,)
+    assert "acme-accel" in comps.devices
+
+
+def test_a_module_that_does_not_import_is_a_plugin_error() -> None:
+    with pytest.raises(PluginError, match=r"plugin module 'no\.such\.module' failed to import"):
+        bootstrap(plugins=["no.such.module"], entry_points=False)
+
+
+# --------------------------------------------------------------- entry points (faked)
+
+
+@dataclass
+class FakeDistribution:
+    name: str
+    version: str
+
+
+@dataclass
+class FakeEntryPoint:
+    """What ``importlib.metadata.entry_points(group='ndplan')`` yields, as far as ndplan reads it."""
+
+    name: str
+    value: str
+    target: object = None
+    error: BaseException | None = None
+    dist: FakeDistribution | None = None
+    group: str = "ndplan"
+    loads: list[str] = field(default_factory=list)
+
+    def load(self) -> object:
+        self.loads.append(self.name)
+        if self.error is not None:
+            raise self.error
+        return self.target
+
+
+@pytest.fixture
+def installed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[FakeEntryPoint]]:
+    """The entry points 'installed' in group ``ndplan``; other groups are left real."""
+    eps: list[FakeEntryPoint] = []
+    real: Callable[..., Any] = manager.metadata.entry_points
+
+    def entry_points(**params: Any) -> Any:
+        if params.get("group") == manager.ENTRY_POINT_GROUP:
+            return list(eps)
+        return real(**params)
+
+    monkeypatch.setattr(manager.metadata, "entry_points", entry_points)
+    yield eps
+
+
+def _device_module(name: str, device_id: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+
+    @hookimpl
+    def ndplan_register_devices(registry):
+        registry.add(device_id, device(device_id))
+
+    module.ndplan_register_devices = ndplan_register_devices  # type: ignore[attr-defined]
+    return module
+
+
+def test_an_entry_point_plugin_is_loaded_and_listed(installed: list[FakeEntryPoint]) -> None:
+    module = _device_module("ndplan_fake", "ep-accel")
+    installed.append(
+        FakeEntryPoint(
+            "fakedevices", "ndplan_fake", module, dist=FakeDistribution("ndplan-fake", "1.2.3")
+        )
+    )
+
+    comps = bootstrap()
+
+    assert comps.devices.entry("ep-accel").plugin == "fakedevices"
+    (info,) = (p for p in comps.plugins if p.name == "fakedevices")
+    assert info.source == "entry point ndplan-fake 1.2.3 (ndplan_fake)"
+    assert info.hooks == ("ndplan_register_devices",)
+
+
+def test_entry_points_load_in_name_order(installed: list[FakeEntryPoint]) -> None:
+    order: list[str] = []
+    for name in ("zeta", "alpha", "mid"):
+        installed.append(
+            FakeEntryPoint(name, f"{name}_mod", _device_module(name, f"{name}-x"), loads=order)
+        )
+
+    bootstrap()
+
+    assert order == ["alpha", "mid", "zeta"]
+
+
+def test_a_malformed_entry_point_is_a_plugin_error_naming_it(
+    installed: list[FakeEntryPoint],
+) -> None:
+    installed.append(
+        FakeEntryPoint(
+            "broken",
+            "ndplan_broken:plugin",
+            error=ModuleNotFoundError("No module named 'ndplan_broken'"),
+        )
+    )
+
+    with pytest.raises(PluginError) as err:
+        bootstrap()
+
+    assert str(err.value) == (
+        "plugin 'broken' (ndplan_broken:plugin) failed to load: "
+        "ModuleNotFoundError: No module named 'ndplan_broken'"
+    )
+
+
+def test_a_disabled_entry_point_is_never_loaded(
+    installed: list[FakeEntryPoint], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broken = FakeEntryPoint("broken", "ndplan_broken:plugin", error=ImportError("nope"))
+    installed.append(broken)
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", "broken")
+
+    comps = bootstrap()
+
+    assert broken.loads == []
+    assert [p.name for p in comps.plugins] == [BUILTIN_NAME]
+
+
+def test_entry_points_can_be_skipped(installed: list[FakeEntryPoint]) -> None:
+    broken = FakeEntryPoint("broken", "ndplan_broken", error=ImportError("nope"))
+    installed.append(broken)
+    bootstrap(entry_points=False)
+    assert broken.loads == []
+
+
+# --------------------------------------------------------------- through the CLI
+
+
+def test_an_entry_point_device_shows_up_in_ndplan_devices(
+    installed: list[FakeEntryPoint], capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed.append(
+        FakeEntryPoint("fakedevices", "ndplan_fake", _device_module("ndplan_fake", "ep-accel"))
+    )
+
+    assert run(["devices", "--json"]) == ExitCode.OK
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["ep-accel"]["registered_by"] == "fakedevices"
+    assert rows["ep-accel"]["memory_gib"] == 64.0
+    assert rows["h100-sxm"]["registered_by"] == BUILTIN_NAME
+
+    assert run(["devices"]) == ExitCode.OK
+    table = capsys.readouterr().out
+    (line,) = (ln for ln in table.splitlines() if "ep-accel" in ln)
+    assert "fakedevices" in line
+
+
+def test_an_entry_point_plugin_shows_up_in_ndplan_plugins(
+    installed: list[FakeEntryPoint], capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed.append(
+        FakeEntryPoint(
+            "fakedevices",
+            "ndplan_fake",
+            _device_module("ndplan_fake", "ep-accel"),
+            dist=FakeDistribution("ndplan-fake", "1.2.3"),
+        )
+    )
+
+    assert run(["plugins", "--json"]) == ExitCode.OK
+    listing = json.loads(capsys.readouterr().out)
+    assert [p["name"] for p in listing] == [BUILTIN_NAME, "fakedevices"]
+    assert listing[1] == {
+        "name": "fakedevices",
+        "source": "entry point ndplan-fake 1.2.3 (ndplan_fake)",
+        "hooks": ["ndplan_register_devices"],
+    }
+
+
+def test_a_malformed_entry_point_exits_4_with_one_line_naming_it(
+    installed: list[FakeEntryPoint], capsys: pytest.CaptureFixture[str]
+) -> None:
+    installed.append(
+        FakeEntryPoint("broken", "ndplan_broken:plugin", error=SyntaxError("invalid syntax"))
+    )
+
+    code = run(["plugins"])
+
+    captured = capsys.readouterr()
+    assert code == ExitCode.PLUGIN_ERROR == 4
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith(
+        "ndplan: error: plugin 'broken' (ndplan_broken:plugin) failed to load"
+    )
+    assert "Traceback" not in captured.err
+
+
+def test_a_replacement_is_shown_in_ndplan_plugins(
+    installed: list[FakeEntryPoint], capsys: pytest.CaptureFixture[str]
+) -> None:
+    module = types.ModuleType("ndplan_derate")
+
+    @hookimpl
+    def ndplan_register_devices(registry):
+        registry.add("h100-sxm", device("h100-sxm", memory_gib=70.0), replace=True)
+
+    module.ndplan_register_devices = ndplan_register_devices  # type: ignore[attr-defined]
+    installed.append(FakeEntryPoint("derate", "ndplan_derate", module))
+
+    assert run(["plugins"]) == ExitCode.OK
+    err = capsys.readouterr().err
+    assert f"device 'h100-sxm': 'derate' replaces '{BUILTIN_NAME}'" in err
