@@ -6,6 +6,8 @@ inputs (names, numbers) or domain models and return domain models.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +20,13 @@ from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, PluginError
 from ndplan.core.job import Job
-from ndplan.core.layout import Layout, check_layout
+from ndplan.core.layout import Layout, SearchSpace, check_layout
 from ndplan.core.model import ModelSpec, MoEFFN
 from ndplan.core.plan import Plan
+from ndplan.core.ports import DebugSink, Executor
 from ndplan.core.pricing import Pricer
+from ndplan.core.search import SearchHooks, SearchOutcome, SearchPricing, SearchSettings
+from ndplan.core.search import search as run_search
 from ndplan.core.units import GiB
 
 
@@ -106,6 +111,78 @@ class Planner:
             plan = pricer.plan(priced)
             return plan.model_copy(update={"memory": memory})
         return pricer.plan(pricer.price(layout))
+
+    # ------------------------------------------------------------------ search
+
+    def search(
+        self,
+        ctx: PricingContext,
+        space: SearchSpace,
+        *,
+        top_k: int = 10,
+        options: PricingOptions | None = None,
+        executor: Executor | None = None,
+        sinks: Sequence[DebugSink] = (),
+        bounding: bool = True,
+        collect_parts: bool = False,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> SearchOutcome:
+        """Every layout in ``space``, priced and ranked (the top ``top_k`` as Plans)."""
+        opts = options or PricingOptions()
+        if top_k < 1:
+            raise InvalidInputError(f"--top: must be at least 1, got {top_k}")
+        debug = bool(sinks) or collect_parts
+        pricing = SearchPricing(self.pricer(ctx, opts), debug=debug)
+        rules = [(name, rule) for name, rule in self.components.refusal_rules.rules]
+        hooks = SearchHooks(progress=progress)
+        if sinks:
+
+            def refusal(candidate, reason):
+                for sink in sinks:
+                    sink.refusal(candidate, reason)
+
+            def priced(candidate, memory, time_parts):
+                for sink in sinks:
+                    sink.memory(candidate, memory)
+                    sink.time(candidate, time_parts)
+
+            hooks.refusal, hooks.priced = refusal, priced
+        recipe = None
+        task = None
+        if executor is not None and getattr(executor, "name", "") != "serial":
+            from ndplan.adapters.executors.worker import SearchRecipe, run_task
+
+            recipe = SearchRecipe(
+                model=ctx.model,
+                cluster=ctx.cluster,
+                job=ctx.job,
+                calibration=ctx.calibration,
+                memory_model=opts.memory_model,
+                cost_model=opts.cost_model,
+                knapsack_solver=opts.knapsack_solver,
+                bucket_bytes=opts.bucket_bytes,
+                capacity_bytes=ctx.capacity_bytes,
+                balance_reserve_bytes=ctx.balance_reserve_bytes,
+                reserve_bytes=ctx.reserve_bytes,
+                plugins=self.components.plugin_modules,
+                disabled=self.components.disabled,
+                device_files=self.components.device_files,
+                debug=debug,
+                strict=ctx.recorder.strict,
+                token=uuid.uuid4().hex,
+            )
+            task = run_task
+        settings = SearchSettings(space=space, top_k=top_k, bounding=bounding)
+        return run_search(
+            ctx,
+            pricing,
+            settings,
+            rules=rules,
+            executor=executor if task else None,
+            task=task,
+            recipe=recipe,
+            hooks=hooks,
+        )
 
 
 def validate_layout(ctx: PricingContext, layout: Layout) -> None:

@@ -18,7 +18,7 @@ import typer
 from ndplan import __version__
 from ndplan.core.errors import ExitCode, NdplanError
 
-from . import compare, estimate, info, models
+from . import compare, estimate, info, models, search
 from .options import state
 
 
@@ -90,6 +90,7 @@ def root(
 info.register(app)
 estimate.register(app)
 compare.register(app)
+search.register(app)
 models.register(app)
 
 

@@ -50,6 +50,10 @@ def group_link(cluster: Cluster, eff: DeviceEfficiency, size: int, stride: int) 
             size, up.group_bytes_per_s(size) * eff.scale_up_bus, up.latency_s, size, intra
         )
     members = max(1, domain // stride) if stride < domain else 1
+    if members > 1:
+        # Fix (tests/unit/test_collectives.py): on a mesh, k members of a domain reach each
+        # other over only their k − 1 direct links, as a k-member group inside the domain.
+        intra = up.group_bytes_per_s(members) * eff.scale_up_bus
     out = device.scale_out
     # A ring crossing domains enters each domain once per channel; with one NIC per
     # device and a channel per NIC, the k members of a domain share the load, so the

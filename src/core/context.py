@@ -74,10 +74,17 @@ def interleaved_in_flight(pp: int, vpp: int, m: int, stage: int) -> tuple[int, .
     micro-batches. Totals ``pp·vpp + pp − 1`` on stage 0, i.e. Megatron's factor
     ``1 + (pp − 1)/(pp·vpp)`` on top of ``pp`` micro-batches."""
     total_forwards = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
-    counts = []
-    for chunk in range(vpp):
-        cycles, rem = divmod(total_forwards, pp * vpp)
-        counts.append(min(m, cycles * pp + min(pp, max(0, rem - chunk * pp))))
+    # Walk Megatron's schedule table (get_schedule_table): micro-batch groups of pp, each
+    # run through every chunk; the last group may be smaller when pp does not divide m.
+    # (Fix: blocks of exactly pp per chunk undercounted stage 0 for pp < m < 2·pp − 1.)
+    counts = [0] * vpp
+    left = total_forwards
+    for first in range(0, m, pp):
+        size = min(pp, m - first)
+        for chunk in range(vpp):
+            take = min(size, left)
+            counts[chunk] += take
+            left -= take
     return tuple(counts)
 
 

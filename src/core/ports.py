@@ -53,7 +53,7 @@ class MemoryModel(Protocol):
 
 @runtime_checkable
 class CostModel(Protocol):
-    """Seconds: per layer and micro-batch, and the composition into one optimizer step.
+    """Seconds: per layer and micro-batch, per stage, and the composition into one step.
 
     Why a seam: efficiency and overlap differ by device, kernel library and
     framework; a user's calibrated or profiled model replaces the analytic one
@@ -65,9 +65,20 @@ class CostModel(Protocol):
     def layer_seconds(
         self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
     ) -> Mapping[str, float]:
-        """One layer, one micro-batch: keys ``forward``, ``backward``, ``recompute``,
-        ``tp_comm``, ``cp_comm``, ``ep_comm`` (exposed seconds). Forward time of the
-        layer is ``forward`` + the forward share of comm; see the implementation."""
+        """One layer, one micro-batch, by part (``forward``, ``backward``, ``recompute``,
+        ``tp_comm``, ``cp_comm``, ``ep_comm``: exposed seconds); the values sum to its time.
+        The recompute solver builds each option's time from this."""
+        ...
+
+    def stage_seconds(
+        self,
+        ctx: PricingContext,
+        layout: Layout,
+        stage: StagePlacement,
+        assignment: Sequence[tuple[int, int, int, Recompute]],
+    ) -> dict[str, float]:
+        """One micro-batch on one stage by part, for (kind index, in-flight, layer count,
+        recompute) groups, including the stage's embedding, head, loss and pipeline sends."""
         ...
 
     def step(
@@ -77,8 +88,8 @@ class CostModel(Protocol):
         stages: Sequence[StagePlacement],
         stage_layer_seconds: Sequence[Mapping[str, float]],
     ) -> TimeBreakdown:
-        """Compose per-stage, per-micro-batch layer seconds into one step (pipeline
-        schedule, bubble, data-parallel communication, optimizer)."""
+        """Compose per-stage, per-micro-batch seconds into one step (pipeline schedule,
+        bubble, data-parallel communication, optimizer); the parts sum to the step time."""
         ...
 
 

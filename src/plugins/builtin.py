@@ -56,3 +56,19 @@ def ndplan_register_knapsack_solvers(registry):
     from ndplan.core.kernels.knapsack import DefaultKnapsackSolver
 
     registry.add("dp", DefaultKnapsackSolver)
+
+
+@hookimpl(trylast=True)
+def ndplan_register_executors(registry):
+    from ndplan.adapters.executors.serial import SerialExecutor
+
+    registry.add("serial", lambda jobs=1, options=None: SerialExecutor())
+
+
+@hookimpl(trylast=True)
+def ndplan_register_debug_sinks(registry):
+    from ndplan.adapters.sinks.files import CsvSink, JsonLinesSink, NullSink
+
+    registry.add("csv", CsvSink)
+    registry.add("jsonl", JsonLinesSink)
+    registry.add("null", NullSink)

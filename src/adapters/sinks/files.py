@@ -1,0 +1,142 @@
+"""Built-in debug sinks: CSV files, JSON lines, and a null sink.
+
+Records arrive in the search's order; they are buffered and written when the sink
+closes, through a temporary file and a rename, so an aborted search leaves no
+half-written file behind.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ndplan.core.errors import InvalidInputError
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _csv_text(rows: list[dict[str, Any]], leading: list[str]) -> str:
+    keys: list[str] = list(leading)
+    for row in rows:
+        for key in row:
+            if key not in keys:
+                keys.append(key)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _fmt(row.get(k, "")) for k in keys})
+    return buf.getvalue()
+
+
+def _fmt(value: Any) -> Any:
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+class _Buffered:
+    name = "buffered"
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
+        self.memory_rows: list[dict[str, Any]] = []
+        self.time_rows: list[dict[str, Any]] = []
+        self.refusal_rows: list[dict[str, Any]] = []
+        self.leading: list[str] = []
+
+    def open(self, directory: Path | None) -> None:
+        if directory is None:
+            raise InvalidInputError(f"the {self.name} debug sink needs --debug-dir")
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+
+    def memory(self, candidate: Mapping[str, Any], parts: Mapping[str, float]) -> None:
+        self.leading = self.leading or list(candidate)
+        self.memory_rows.append({**candidate, **parts})
+
+    def time(self, candidate: Mapping[str, Any], parts: Mapping[str, float]) -> None:
+        self.leading = self.leading or list(candidate)
+        self.time_rows.append({**candidate, **parts})
+
+    def refusal(self, candidate: Mapping[str, Any], reason: str) -> None:
+        self.refusal_rows.append({**candidate, "reason": reason})
+
+
+class CsvSink(_Buffered):
+    """``debug_mem.csv``, ``debug_perf.csv`` and ``debug_refusals.csv`` in the debug folder."""
+
+    name = "csv"
+
+    def close(self) -> None:
+        assert self.directory is not None
+        _atomic_write(self.directory / "debug_mem.csv", _csv_text(self.memory_rows, self.leading))
+        _atomic_write(self.directory / "debug_perf.csv", _csv_text(self.time_rows, self.leading))
+        _atomic_write(
+            self.directory / "debug_refusals.csv", _csv_text(self.refusal_rows, ["reason"])
+        )
+
+
+class JsonLinesSink(_Buffered):
+    """``debug.jsonl``: one record per line, ``{"record": memory|time|refusal, ...}``."""
+
+    name = "jsonl"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def memory(self, candidate, parts) -> None:
+        self.lines.append(
+            json.dumps({"record": "memory", "candidate": dict(candidate), "parts": dict(parts)})
+        )
+
+    def time(self, candidate, parts) -> None:
+        self.lines.append(
+            json.dumps({"record": "time", "candidate": dict(candidate), "parts": dict(parts)})
+        )
+
+    def refusal(self, candidate, reason) -> None:
+        self.lines.append(
+            json.dumps({"record": "refusal", "candidate": dict(candidate), "reason": reason})
+        )
+
+    def close(self) -> None:
+        assert self.directory is not None
+        _atomic_write(self.directory / "debug.jsonl", "".join(line + "\n" for line in self.lines))
+
+
+class NullSink:
+    """Receives everything and keeps nothing."""
+
+    name = "null"
+
+    def open(self, directory: Path | None) -> None:
+        pass
+
+    def memory(self, candidate, parts) -> None:
+        pass
+
+    def time(self, candidate, parts) -> None:
+        pass
+
+    def refusal(self, candidate, reason) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

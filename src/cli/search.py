@@ -1,0 +1,593 @@
+"""``ndplan search``: every layout, priced, ranked, explained."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from ndplan.core.errors import InvalidInputError
+from ndplan.core.layout import DIMENSIONS, SearchSpace
+from ndplan.core.model import MoEFFN
+from ndplan.core.plan import Plan, SearchResult
+from ndplan.core.search import FIELDS, SearchOutcome
+from ndplan.planner import PricingOptions
+
+from .common import (
+    AttentionOpt,
+    CalibrationOpt,
+    DeviceOpt,
+    DevicesOpt,
+    DropoutOpt,
+    FrameworkOpt,
+    GbsOpt,
+    GradDtypeOpt,
+    JobInputs,
+    MaxMemOpt,
+    ModelOpt,
+    PrecisionOpt,
+    ReserveOpt,
+    RuntimeReserveOpt,
+    SeqOpt,
+    build_context,
+)
+from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
+from .options import DeviceFiles, Json, Strict, state
+from .output import note, print_json, stdout, table, write_atomic
+from .render import plan_report, recompute_lines
+
+SPACE_KEYS = {
+    "dp",
+    "tp",
+    "pp",
+    "cp",
+    "ep",
+    "etp",
+    "vpp",
+    "mbs",
+    "zero",
+    "sp",
+    "recompute",
+    "offload_optimizer",
+    "schedule",
+    "max_tp",
+}
+DIM_FIELD = {
+    "DP": "dp",
+    "TP": "tp",
+    "PP": "pp",
+    "CP": "cp",
+    "EP": "ep",
+    "VPP": "vpp",
+    "MBS": "mbs",
+    "ZERO": "zero",
+    "SP": "sp",
+    "RECOMPUTE": "recompute",
+    "OFFLOAD": "offload_optimizer",
+}
+
+
+def parse_vary(values: list[str] | None) -> set[str] | None:
+    if not values:
+        return None
+    dims: set[str] = set()
+    for value in values:
+        for token in value.replace(",", " ").split():
+            name = token.upper()
+            if name not in DIMENSIONS:
+                raise InvalidInputError(
+                    f"-l/--vary: unknown dimension '{token}'; use {' '.join(DIMENSIONS)}"
+                )
+            dims.add(name)
+    return dims
+
+
+def load_space_file(path: Path) -> dict[str, Any]:
+    """``--space FILE.yaml``: per dimension a scalar (fixed), a list (candidates) or ``auto``."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInputError(
+            f"{path}: cannot read the search-space file ({exc.strerror})"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InvalidInputError(f"{path}: expected a mapping of dimension → value, list or auto")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        field = str(key).lower()
+        field = {"offload": "offload_optimizer"}.get(field, field)
+        if field not in SPACE_KEYS:
+            raise InvalidInputError(
+                f"{path}: unknown key '{key}'; known: {', '.join(sorted(SPACE_KEYS))}"
+            )
+        out[field] = value
+    return out
+
+
+def build_space(
+    *,
+    vary: set[str] | None,
+    fixed: dict[str, Any],
+    file_values: dict[str, Any],
+    is_moe: bool,
+    default_zero: int,
+    max_tp: int | None,
+) -> SearchSpace:
+    """Free dimensions → None; fixed → (value,); the rest at their defaults."""
+    applicable = set(DIMENSIONS) - ({"EP"} if not is_moe else set())
+    varied = applicable if vary is None else vary
+    space: dict[str, Any] = {}
+    for dim in DIMENSIONS:
+        name = DIM_FIELD[dim]
+        if name in fixed and fixed[name] is not None:
+            if vary is not None and dim in vary:
+                raise InvalidInputError(
+                    f"{dim} is both fixed (--{name.replace('_', '-')}) and varied (-l {dim})"
+                )
+            space[name] = (fixed[name],)
+        elif name in file_values:
+            value = file_values[name]
+            space[name] = (
+                None if value == "auto" else tuple(value) if isinstance(value, list) else (value,)
+            )
+        elif dim in varied:
+            space[name] = ("auto",) if dim == "RECOMPUTE" else None
+        else:
+            space[name] = {
+                "dp": None,
+                "tp": (1,),
+                "pp": (1,),
+                "cp": (1,),
+                "ep": (1,),
+                "vpp": (1,),
+                "mbs": (1,),
+                "zero": (default_zero,),
+                "sp": (True,),
+                "recompute": ("none",),
+                "offload_optimizer": (False,),
+            }[name]
+    for extra in ("etp", "schedule"):
+        if extra in fixed and fixed[extra] is not None:
+            space[extra] = (fixed[extra],)
+        elif extra in file_values:
+            value = file_values[extra]
+            space[extra] = (
+                None if value == "auto" else tuple(value) if isinstance(value, list) else (value,)
+            )
+    if "schedule" not in space and space.get("vpp") != (1,):
+        space["schedule"] = ("1f1b", "interleaved")
+    if max_tp is not None:
+        space["max_tp"] = max_tp
+    elif "max_tp" in file_values:
+        space["max_tp"] = file_values["max_tp"]
+    try:
+        return SearchSpace(**space)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        raise InvalidInputError(
+            f"search space: {where}: {err.get('msg')} (got {err.get('input')!r})"
+        ) from None
+
+
+def recompute_summary(plan: Plan) -> str:
+    counts: dict[str, int] = {}
+    for r in plan.recompute:
+        counts[r.option] = counts.get(r.option, 0) + (r.stop - r.start)
+    if len(counts) == 1:
+        return next(iter(counts))
+    return ", ".join(f"{o} {n}" for o, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+SHARE_NAMES = (
+    ("forward", "fwd"),
+    ("backward", "bwd"),
+    ("recompute", "rec"),
+    ("tp_comm", "tp"),
+    ("cp_comm", "cp"),
+    ("ep_comm", "ep"),
+    ("pp_comm", "pp"),
+    ("bubble", "bub"),
+    ("dp_comm", "dp"),
+    ("optimizer", "opt"),
+    ("overhead", "ovh"),
+)
+
+
+def shares(plan: Plan) -> str:
+    t = plan.time
+    return " ".join(
+        f"{short} {100 * t.parts[name] / t.step_s:.0f}"
+        for name, short in SHARE_NAMES
+        if t.parts.get(name, 0) / t.step_s >= 0.005
+    )
+
+
+def ranking_table(plans: tuple[Plan, ...]):
+    rows = []
+    for p in plans:
+        lay = p.layout
+        pp = (
+            f"{lay.pp}"
+            + (f"×{lay.vpp}" if lay.vpp > 1 else "")
+            + ("v" if lay.schedule == "dualpipev" else "")
+        )
+        rows.append(
+            (
+                p.rank,
+                lay.tp,
+                pp,
+                lay.cp,
+                lay.dp,
+                lay.ep if lay.ep > 1 else "",
+                f"{lay.mbs}×{lay.num_microbatches}",
+                lay.zero,
+                "on" if lay.sequence_parallel else "",
+                "yes" if lay.offload_optimizer else "",
+                recompute_summary(p),
+                f"{p.memory.peak_bytes / 2**30:.1f} (s{p.memory.peak_stage})",
+                f"{p.time.step_s:.3f}",
+                f"{p.tokens_per_s_per_device:,.0f}",
+                f"{100 * p.mfu:.1f}%",
+                shares(p),
+            )
+        )
+    return table(
+        "best layouts",
+        [
+            ("#", "right"),
+            ("tp", "right"),
+            ("pp", "right"),
+            ("cp", "right"),
+            ("dp", "right"),
+            ("ep", "right"),
+            ("mbs×m", "right"),
+            ("zero", "right"),
+            "sp",
+            "offl",
+            "recompute",
+            ("peak GiB", "right"),
+            ("step s", "right"),
+            ("tok/s/dev", "right"),
+            ("MFU", "right"),
+            "time shares %",
+        ],
+        rows,
+    )
+
+
+def summary_line(result: SearchResult) -> str:
+    s = result.summary
+    refused = sum(s.refused.values())
+    reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(s.refused.items(), key=lambda kv: -kv[1]))
+    sec = s.seconds
+    return (
+        f"generated {s.generated:,} · refused {refused:,}"
+        + (f" ({reasons})" if reasons else "")
+        + f" · over memory {s.over_memory:,} · bounded {s.bounded:,} · priced {s.priced:,} · "
+        f"{sec.total:.2f} s (enumerate {sec.enumerate:.2f}, memory {sec.memory:.2f}, bound {sec.bound:.2f}, "
+        f"price {sec.price:.2f})"
+    )
+
+
+def ranking_csv(outcome: SearchOutcome) -> str:
+    rows = []
+    for rank, (candidate, priced) in enumerate(outcome.ranking, start=1):
+        row = {
+            "rank": rank,
+            **candidate,
+            "step_s": repr(priced.step_s),
+            "peak_bytes": priced.peak_bytes,
+            "peak_stage": priced.peak_stage,
+        }
+        for name, value in (priced.time_parts or {}).items():
+            if name != "step":
+                row[f"time.{name}"] = repr(value)
+        for name, value in (priced.memory_parts or {}).items():
+            if name not in ("stage", "total"):
+                row[f"memory.{name}"] = value
+        rows.append(row)
+    keys: list[str] = ["rank", *FIELDS, "step_s", "peak_bytes", "peak_stage"]
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def search_cmd(
+    ctx: typer.Context,
+    model: ModelOpt,
+    device: DeviceOpt,
+    devices: DevicesOpt,
+    gbs: GbsOpt,
+    seq_len: SeqOpt,
+    vary: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--vary",
+            "-l",
+            metavar="DIMS",
+            help="Dimensions to search: DP TP PP CP EP VPP MBS ZERO SP RECOMPUTE "
+            "OFFLOAD [default: all that apply].",
+            show_default=False,
+        ),
+    ] = None,
+    tp: Annotated[
+        int | None, typer.Option("--tp", min=1, help="Fix TP.", show_default=False)
+    ] = None,
+    pp: Annotated[
+        int | None, typer.Option("--pp", min=1, help="Fix PP.", show_default=False)
+    ] = None,
+    cp: Annotated[
+        int | None, typer.Option("--cp", min=1, help="Fix CP.", show_default=False)
+    ] = None,
+    dp: Annotated[
+        int | None, typer.Option("--dp", min=1, help="Fix DP.", show_default=False)
+    ] = None,
+    ep: Annotated[
+        int | None, typer.Option("--ep", min=1, help="Fix EP.", show_default=False)
+    ] = None,
+    etp: Annotated[
+        int | None, typer.Option("--etp", min=1, help="Fix expert TP.", show_default=False)
+    ] = None,
+    vpp: Annotated[
+        int | None, typer.Option("--vpp", min=1, help="Fix VPP.", show_default=False)
+    ] = None,
+    mbs: Annotated[
+        int | None,
+        typer.Option("--mbs", min=1, help="Fix the micro-batch size.", show_default=False),
+    ] = None,
+    zero: Annotated[
+        int | None,
+        typer.Option("--zero", min=0, max=3, help="Fix the ZeRO stage.", show_default=False),
+    ] = None,
+    sp: Annotated[
+        bool | None,
+        typer.Option("--sp/--no-sp", help="Fix sequence parallelism.", show_default=False),
+    ] = None,
+    recompute: Annotated[
+        str | None,
+        typer.Option(
+            "--recompute",
+            help="Fix the recompute policy (none, selective, full, auto).",
+            show_default=False,
+        ),
+    ] = None,
+    offload_optimizer: Annotated[
+        bool | None,
+        typer.Option(
+            "--offload-optimizer/--no-offload-optimizer",
+            help="Fix optimizer offload.",
+            show_default=False,
+        ),
+    ] = None,
+    schedule: Annotated[
+        str | None,
+        typer.Option("--schedule", help="Fix the pipeline schedule.", show_default=False),
+    ] = None,
+    space_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--space",
+            help="A search-space YAML: per dimension a scalar "
+            "(fixed), a list (candidates) or auto.",
+            show_default=False,
+        ),
+    ] = None,
+    max_tp: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tp", min=1, help="Largest TP [default: the scale-up domain].", show_default=False
+        ),
+    ] = None,
+    precision: PrecisionOpt = None,
+    framework: FrameworkOpt = None,
+    attention: AttentionOpt = None,
+    dropout: DropoutOpt = None,
+    grad_dtype: GradDtypeOpt = None,
+    max_mem: MaxMemOpt = None,
+    reserve: ReserveOpt = 0.0,
+    runtime_reserve: RuntimeReserveOpt = None,
+    top: Annotated[int, typer.Option("--top", "-t", min=1, help="How many plans to list.")] = 10,
+    as_json: Json = False,
+    ranking_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--ranking-csv",
+            help="Write every kept plan, ranked, with its parts.",
+            show_default=False,
+        ),
+    ] = None,
+    debug_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--debug-dir",
+            help="Record every priced candidate and refusal here.",
+            show_default=False,
+        ),
+    ] = None,
+    debug_sink: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--debug-sink",
+            help="Debug sinks to use (repeatable) [default: csv].",
+            show_default=False,
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite output files that exist.")
+    ] = False,
+    calibration: CalibrationOpt = None,
+    strict: Strict = False,
+    exhaustive: Annotated[
+        bool, typer.Option("--exhaustive", help="Price every candidate (no bounding).")
+    ] = False,
+    jobs: JobsOpt = None,
+    executor: ExecutorOpt = None,
+    ray_address: RayAddressOpt = None,
+    device_file: DeviceFiles = None,
+) -> None:
+    """Search every parallel layout, price it, drop what does not fit, rank the rest.
+
+    Example: ndplan search -m llama-3-70b -d h100 -n 64 --gbs 512 -s 8192
+    """
+    st = state(ctx)
+    # Workers start before the model and configs are parsed, so their imports overlap that work.
+    with open_executor(
+        st, jobs=jobs, name=executor, ray_address=ray_address, verbosity=st.verbosity
+    ) as pool:
+        for out in (ranking_out,):
+            if out is not None and out.exists() and not force:
+                raise InvalidInputError(f"{out}: exists; pass --force to overwrite it")
+        options = PricingOptions(
+            max_mem_gib=max_mem,
+            balance_reserve_gib=reserve,
+            reserve_gib=runtime_reserve,
+            calibration=calibration,
+        )
+        job = JobInputs(gbs, seq_len, precision, framework, attention, dropout, grad_dtype)
+        planner, pctx = build_context(
+            st,
+            model=model,
+            device=device,
+            devices=devices,
+            job=job,
+            device_files=device_file,
+            strict=strict,
+            options=options,
+        )
+        if recompute is not None and recompute not in ("none", "selective", "full", "auto"):
+            raise InvalidInputError(
+                f"--recompute: '{recompute}' unknown; use none, selective, full or auto"
+            )
+        fixed = {
+            "tp": tp,
+            "pp": pp,
+            "cp": cp,
+            "dp": dp,
+            "ep": ep,
+            "etp": etp,
+            "vpp": vpp,
+            "mbs": mbs,
+            "zero": zero,
+            "sp": sp,
+            "recompute": recompute,
+            "offload_optimizer": offload_optimizer,
+            "schedule": schedule,
+        }
+        space = build_space(
+            vary=parse_vary(vary),
+            fixed=fixed,
+            file_values=load_space_file(space_file) if space_file else {},
+            is_moe=any(isinstance(k.ffn, MoEFFN) for k in pctx.model.kinds),
+            default_zero=pctx.framework.default_zero,
+            max_tp=max_tp,
+        )
+        sinks = []
+        if debug_dir is not None:
+            for name in debug_sink or ["csv"]:
+                sink = planner.components.debug_sinks.get(name)()
+                sink.open(debug_dir)
+                sinks.append(sink)
+        progress = _progress()
+        try:
+            outcome = planner.search(
+                pctx,
+                space,
+                top_k=top,
+                options=options,
+                executor=pool,
+                sinks=sinks,
+                bounding=not exhaustive,
+                collect_parts=ranking_out is not None,
+                progress=progress.update if progress else None,
+            )
+        finally:
+            if progress:
+                progress.stop()
+        for sink in sinks:
+            sink.close()
+        if ranking_out is not None:
+            write_atomic(ranking_out, ranking_csv(outcome), force=True)
+        result = outcome.result
+        if as_json:
+            print_json(result_json(result))
+        else:
+            stdout.print(
+                Text(
+                    f"{pctx.model.name} on {devices} × {pctx.device.id} · gbs {gbs} · seq {seq_len} · "
+                    f"{pctx.settings.precision} · {pctx.settings.framework}",
+                    style="bold",
+                )
+            )
+            stdout.print(ranking_table(result.plans))
+            stdout.print(Text(summary_line(result)))
+            best = result.plans[0]
+            stdout.print(Text("best plan:", style="bold"))
+            stdout.print(plan_report(pctx, best, show_recompute=False))
+            if (best.recompute and len({r.option for r in best.recompute}) > 1) or (
+                best.recompute and best.recompute[0].option != "none"
+            ):
+                stdout.print(Text("recompute:"))
+                for line in recompute_lines(best.recompute):
+                    stdout.print(Text("  " + line))
+        line = pctx.recorder.line()
+        if line:
+            note(line)
+
+
+def result_json(result: SearchResult) -> dict:
+    data = result.model_dump(mode="json")
+    return {"summary": data["summary"], "assumptions": data["assumptions"], "plans": data["plans"]}
+
+
+class _Progress:
+    """A progress bar on stderr (only when it is a terminal)."""
+
+    def __init__(self) -> None:
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            transient=True,
+            console=None,
+        )
+        self.bar.console.file = sys.stderr
+        self.task = None
+
+    def update(self, phase: str, done: int, total: int) -> None:
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task(phase, total=total)
+        self.bar.update(self.task, completed=done, total=total, description=phase)
+
+    def stop(self) -> None:
+        if self.task is not None:
+            self.bar.stop()
+
+
+def _progress() -> _Progress | None:
+    if sys.stderr.isatty() and not os.environ.get("NDPLAN_NO_PROGRESS"):
+        return _Progress()
+    return None
+
+
+def register(app: typer.Typer) -> None:
+    app.command("search")(search_cmd)

@@ -1,0 +1,581 @@
+"""The search: every layout, refused by cheap rules, priced, bounded, ranked (spec/search.md).
+
+Order of work:
+1. the loop nest over divisors, each refusal counted under a named reason;
+2. per candidate, memory with every layer fully recomputed (the lightest option):
+   over the budget → dropped; and a lower bound on the step time (every layer at
+   its fastest option);
+3. candidates sorted by bound; priced (recompute knapsack per stage, then the time
+   model) in fixed-size batches, stopping once the K-th best beats the next bound
+   — the rest are ``bounded``. Batches are fixed, so the set of priced candidates
+   does not depend on the executor or its worker count;
+4. ranked by step time, then peak memory, then a fixed order of the degrees.
+
+Pricing goes through the Executor port with plain items (positions and tuples of
+degrees); workers rebuild their pricing state from a plain recipe.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .context import PricingContext
+from .errors import InfeasibleError, InvalidInputError
+from .layout import Layout, SearchSpace
+from .model import MoEFFN
+from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
+from .ports import Executor, RefusalRule
+from .pricing import Pricer
+from .units import GiB
+
+SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
+RECOMPUTES = ("none", "selective", "full", "auto")
+BATCH = 64
+"""Candidates priced per batch between bound checks (fixed: results must not depend on workers)."""
+
+# Candidate tuple layout (plain, picklable, hashable).
+FIELDS = (
+    "tp",
+    "pp",
+    "cp",
+    "dp",
+    "ep",
+    "etp",
+    "vpp",
+    "mbs",
+    "num_microbatches",
+    "zero",
+    "sp",
+    "offload_optimizer",
+    "recompute",
+    "schedule",
+)
+Candidate = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int]
+
+
+def candidate_layout(c: Candidate) -> Layout:
+    """A Layout from a candidate tuple, without re-validating (the loop nest only builds valid ones)."""
+    tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched = c
+    return Layout.model_construct(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        cp=cp,
+        ep=ep,
+        etp=etp,
+        mbs=mbs,
+        num_microbatches=m,
+        zero=zero,
+        sp=bool(sp),
+        schedule=SCHEDULES[sched],
+        recompute=RECOMPUTES[rec],
+        offload_optimizer=bool(offload),
+        layers_per_stage=None,
+    )
+
+
+def candidate_dict(c: Candidate) -> dict[str, Any]:
+    d = dict(zip(FIELDS, c, strict=True))
+    d["sp"] = bool(d["sp"])
+    d["offload_optimizer"] = bool(d["offload_optimizer"])
+    d["recompute"] = RECOMPUTES[d["recompute"]]
+    d["schedule"] = SCHEDULES[d["schedule"]]
+    return d
+
+
+def tie_key(c: Candidate) -> tuple[int, ...]:
+    """The fixed order of degrees that breaks ranking ties."""
+    tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched = c
+    return (tp, pp, cp, ep, etp, vpp, dp, mbs, zero, sp, offload, rec, sched)
+
+
+def divisors(n: int) -> list[int]:
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+# ----------------------------------------------------------------------------- enumeration
+
+
+@dataclass
+class Enumeration:
+    candidates: list[Candidate]
+    refusals: list[tuple[dict[str, Any], str]]
+    refused: Counter = field(default_factory=Counter)
+    generated: int = 0
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    """What varies and how the search prices and prunes."""
+
+    space: SearchSpace
+    top_k: int = 10
+    bounding: bool = True
+    record_refusals: bool = False
+
+
+def _allowed(values: tuple | None, value) -> bool:
+    return values is None or value in values
+
+
+def enumerate_candidates(
+    ctx: PricingContext,
+    space: SearchSpace,
+    rules: Sequence[tuple[str, RefusalRule]] = (),
+    record: bool = False,
+) -> Enumeration:
+    """The loop nest over divisors (no invalid product is ever generated)."""
+    model, fw, job = ctx.model, ctx.framework, ctx.job
+    n = ctx.cluster.num_devices
+    gbs, seq = job.global_batch_size, job.seq_length
+    heads, kv_heads = model.head_count_for_tp
+    num_layers = model.num_layers
+    experts = next((k.ffn.num_experts for k in model.kinds if isinstance(k.ffn, MoEFFN)), None)
+    expert_width = next(
+        (k.ffn.expert_intermediate_size for k in model.kinds if isinstance(k.ffn, MoEFFN)), None
+    )
+    dense_widths = [k.ffn.intermediate_size for k in model.kinds if not isinstance(k.ffn, MoEFFN)]
+    max_tp = space.max_tp or (n if space.allow_tp_beyond_scale_up else ctx.cluster.scale_up_domain)
+    out = Enumeration([], [])
+
+    def refuse(reason: str, **degrees: Any) -> None:
+        out.generated += 1
+        out.refused[reason] += 1
+        if record:
+            out.refusals.append((degrees, reason))
+
+    zeros = [z for z in fw.zero_stages if _allowed(space.zero, z)]
+    offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
+    recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
+    schedules_allowed = space.schedule
+    for tp in divisors(n):
+        if not _allowed(space.tp, tp):
+            continue
+        if tp > max_tp:
+            refuse("tp_beyond_scale_up_domain", tp=tp)
+            continue
+        if heads % tp or (kv_heads % tp and tp % kv_heads):
+            refuse("tp_not_dividing_heads", tp=tp)
+            continue
+        if any(w % tp for w in dense_widths):
+            refuse("tp_not_dividing_ffn", tp=tp)
+            continue
+        for pp in divisors(n // tp):
+            if not _allowed(space.pp, pp):
+                continue
+            if pp > num_layers:
+                refuse("pp_exceeds_layers", tp=tp, pp=pp)
+                continue
+            for cp in divisors(n // (tp * pp)):
+                if not _allowed(space.cp, cp):
+                    continue
+                if seq % (2 * cp) and cp > 1:
+                    refuse("cp_not_dividing_sequence", tp=tp, pp=pp, cp=cp)
+                    continue
+                dp = n // (tp * pp * cp)
+                if not _allowed(space.dp, dp):
+                    continue
+                if gbs % dp:
+                    refuse("batch_not_divisible_by_dp", tp=tp, pp=pp, cp=cp, dp=dp)
+                    continue
+                eps = [1]
+                if experts is not None:
+                    group = dp * cp * (tp if fw.expert_tp else 1)
+                    eps = [e for e in divisors(group) if experts % e == 0]
+                for mbs in divisors(gbs // dp):
+                    if not _allowed(space.mbs, mbs):
+                        continue
+                    m = gbs // (dp * mbs)
+                    for ep in eps:
+                        if not _allowed(space.ep, ep):
+                            continue
+                        etps = [tp] if space.etp is None else [e for e in space.etp if e in (1, tp)]
+                        for etp in etps:
+                            if experts is not None and (dp * cp * tp) % (ep * etp):
+                                refuse(
+                                    "ep_etp_not_dividing_group", tp=tp, pp=pp, cp=cp, ep=ep, etp=etp
+                                )
+                                continue
+                            if expert_width is not None and expert_width % etp:
+                                refuse("etp_not_dividing_expert_ffn", etp=etp)
+                                continue
+                            for vpp, sched in _schedules(
+                                pp, m, num_layers, fw.schedules, space, schedules_allowed, refuse
+                            ):
+                                for zero in zeros:
+                                    if zero == 0 and dp * cp == 1 and len(zeros) > 1:
+                                        continue  # sharding over one replica is no sharding
+                                    sps = [False, True] if tp > 1 else [False]
+                                    for sp in sps:
+                                        if tp > 1 and not _allowed(space.sp, sp):
+                                            continue  # (SP means nothing at tp = 1)
+                                        if (
+                                            tp > 1
+                                            and not sp
+                                            and fw.name == "megatron"
+                                            and experts is not None
+                                        ):
+                                            refuse("moe_tp_needs_sp", tp=tp, sp=sp)
+                                            continue
+                                        for offload in offloads:
+                                            for rec in recomputes:
+                                                c = (
+                                                    tp,
+                                                    pp,
+                                                    cp,
+                                                    dp,
+                                                    ep,
+                                                    etp,
+                                                    vpp,
+                                                    mbs,
+                                                    m,
+                                                    zero,
+                                                    int(sp),
+                                                    int(offload),
+                                                    rec,
+                                                    SCHEDULES.index(sched),
+                                                )
+                                                out.generated += 1
+                                                reason = None
+                                                for name, rule in rules:
+                                                    if rule(candidate_layout(c), ctx):
+                                                        reason = name
+                                                        break
+                                                if reason is not None:
+                                                    out.refused[reason] += 1
+                                                    if record:
+                                                        out.refusals.append(
+                                                            (candidate_dict(c), reason)
+                                                        )
+                                                    continue
+                                                out.candidates.append(c)
+    return out
+
+
+def _schedules(
+    pp: int,
+    m: int,
+    num_layers: int,
+    offered: tuple[str, ...],
+    space: SearchSpace,
+    allowed: tuple[str, ...] | None,
+    refuse: Callable[..., None],
+) -> Iterable[tuple[int, str]]:
+    """(vpp, schedule) pairs for one pipeline depth."""
+    if pp == 1:
+        if _allowed(space.vpp, 1):
+            yield 1, "1f1b"
+        return
+    for sched in ("1f1b", "gpipe", "dualpipev"):
+        if sched in offered and (
+            (allowed is not None and sched in allowed) or (allowed is None and sched == "1f1b")
+        ):
+            if sched == "dualpipev" and num_layers < 2 * pp:
+                continue
+            if _allowed(space.vpp, 1):
+                yield 1, sched
+    if "interleaved" not in offered or (allowed is not None and "interleaved" not in allowed):
+        return
+    for vpp in range(2, num_layers // pp + 1):
+        if not _allowed(space.vpp, vpp):
+            continue
+        if num_layers % (pp * vpp):
+            continue  # not a refusal: only layer counts that split evenly are offered
+        if m % pp:
+            refuse(
+                "interleaved_needs_microbatches_multiple_of_pp", pp=pp, vpp=vpp, num_microbatches=m
+            )
+            continue
+        yield vpp, "interleaved"
+
+
+def reachable_batches(
+    ctx: PricingContext, space: SearchSpace, near: int, count: int = 6
+) -> list[int]:
+    """Global batch sizes near ``near`` that some data-parallel degree divides."""
+    n = ctx.cluster.num_devices
+    dps = sorted(
+        {
+            n // (tp * pp * cp)
+            for tp in divisors(n)
+            for pp in divisors(n // tp)
+            for cp in divisors(n // (tp * pp))
+            if _allowed(space.tp, tp)
+            and _allowed(space.pp, pp)
+            and _allowed(space.cp, cp)
+            and _allowed(space.dp, n // (tp * pp * cp))
+        }
+    )
+    found = []
+    for delta in range(0, 4 * near + 1):
+        for value in (near - delta, near + delta):
+            if value > 0 and value not in found and any(value % d == 0 for d in dps):
+                found.append(value)
+        if len(found) >= count:
+            break
+    return sorted(found)[:count]
+
+
+# ----------------------------------------------------------------------------- pricing tasks
+
+
+@dataclass(frozen=True, slots=True)
+class Screened:
+    """Phase-2 result of one candidate."""
+
+    fits: bool
+    bound_s: float
+    miss_stage: int
+    miss_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Priced:
+    """Phase-3 result of one candidate (plus its debug parts when a sink listens)."""
+
+    fits: bool
+    step_s: float
+    peak_bytes: int
+    peak_stage: int
+    memory_parts: dict[str, float] | None = None
+    time_parts: dict[str, float] | None = None
+
+
+class SearchPricing:
+    """Per-process pricing state: a Pricer and the candidate tasks run on it."""
+
+    def __init__(self, pricer: Pricer, debug: bool = False) -> None:
+        self.pricer = pricer
+        self.debug = debug
+
+    def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
+        """Memory at full recompute, and the lower bound on time (all layers at their fastest)."""
+        out = []
+        pricer = self.pricer
+        for c in candidates:
+            layout = candidate_layout(c)
+            miss = pricer.lightest_miss(layout)
+            if miss is not None:
+                out.append(Screened(False, math.inf, miss.stage, miss.over_bytes))
+                continue
+            if layout.recompute == "auto":
+                bound_layout = layout.model_copy(update={"recompute": "none"})
+            else:
+                bound_layout = layout
+            priced = pricer.price(bound_layout)
+            fits = True
+            if layout.recompute != "auto" and not priced.fits:
+                # A fixed policy that overflows is over memory as stated.
+                over = priced.peak_bytes - pricer.ctx.budget_bytes
+                out.append(Screened(False, math.inf, priced.peak_stage, over))
+                continue
+            out.append(Screened(fits, priced.time.step_s, -1, 0))
+        return out
+
+    def price(self, candidates: Sequence[Candidate]) -> list[Priced]:
+        out = []
+        for c in candidates:
+            layout = candidate_layout(c)
+            priced = self.pricer.price(layout)
+            mem = tim = None
+            if self.debug:
+                peak = priced.peak_stage
+                mem = {
+                    **priced.static[peak],
+                    "activations": priced.activations[peak],
+                    "stage": peak,
+                    "total": priced.peak_bytes,
+                }
+                tim = {**priced.time.parts, "step": priced.time.step_s}
+            out.append(
+                Priced(
+                    priced.fits, priced.time.step_s, priced.peak_bytes, priced.peak_stage, mem, tim
+                )
+            )
+        return out
+
+
+def run_phase(
+    ctx: PricingContext,
+    executor: Executor | None,
+    task: Callable | None,
+    recipe: Any,
+    phase: str,
+    items: Sequence[Any],
+    local: Callable[[Sequence[Any]], list[Any]],
+) -> list[Any]:
+    """One phase over all items: in-process, or through the executor, whose task returns
+    ``(values, assumptions)`` per chunk; values are concatenated in order and the
+    workers' assumptions merged into this process's report."""
+    if not items:
+        return []
+    if executor is None or task is None:
+        return local(items)
+    values: list[Any] = []
+    for chunk_values, assumptions in executor.map(task, (recipe, phase), items):
+        values.extend(chunk_values)
+        ctx.recorder.merge(assumptions)
+    if len(values) != len(items):
+        raise RuntimeError(f"executor returned {len(values)} results for {len(items)} items")
+    return values
+
+
+# ----------------------------------------------------------------------------- the search
+
+
+@dataclass
+class SearchHooks:
+    """How the search reports progress and debug records (all optional)."""
+
+    progress: Callable[[str, int, int], None] | None = None
+    refusal: Callable[[dict[str, Any], str], None] | None = None
+    priced: Callable[[dict[str, Any], dict[str, float], dict[str, float]], None] | None = None
+
+
+def search(
+    ctx: PricingContext,
+    pricing: SearchPricing,
+    settings: SearchSettings,
+    *,
+    rules: Sequence[tuple[str, RefusalRule]] = (),
+    executor: Executor | None = None,
+    task: Callable | None = None,
+    recipe: Any = None,
+    hooks: SearchHooks | None = None,
+) -> SearchOutcome:
+    """Every layout, priced and ranked; raises InfeasibleError when nothing fits."""
+    hooks = hooks or SearchHooks()
+    t0 = time.perf_counter()
+    enum = enumerate_candidates(ctx, settings.space, rules, record=hooks.refusal is not None)
+    if hooks.refusal is not None:
+        for degrees, reason in enum.refusals:
+            hooks.refusal(degrees, reason)
+    if not enum.candidates and enum.refused.get("batch_not_divisible_by_dp") == sum(
+        enum.refused.values()
+    ):
+        near = reachable_batches(ctx, settings.space, ctx.job.global_batch_size)
+        raise InvalidInputError(
+            f"global batch {ctx.job.global_batch_size} cannot be split over {ctx.cluster.num_devices} devices by any "
+            f"allowed layout; reachable batches near it: {', '.join(map(str, near))}"
+        )
+    t_enum = time.perf_counter()
+
+    def remote(kind: str):
+        def call(items: Sequence[Any]) -> list[Any]:
+            return getattr(pricing, kind)(items)
+
+        return call
+
+    candidates = enum.candidates
+    screened = run_phase(ctx, executor, task, recipe, "screen", candidates, remote("screen"))
+    t_screen = time.perf_counter()
+    feasible: list[tuple[float, tuple[int, ...], int]] = []
+    over_memory = 0
+    closest: tuple[int, int, Candidate] | None = None
+    for i, (c, s) in enumerate(zip(candidates, screened, strict=True)):
+        if s.fits:
+            feasible.append((s.bound_s, tie_key(c), i))
+        else:
+            over_memory += 1
+            if hooks.refusal is not None:
+                hooks.refusal(
+                    candidate_dict(c),
+                    f"over_memory (stage {s.miss_stage} by {s.miss_bytes / GiB:.2f} GiB)",
+                )
+            if closest is None or s.miss_bytes < closest[0]:
+                closest = (s.miss_bytes, s.miss_stage, c)
+    feasible.sort()
+    t_bound = time.perf_counter()
+
+    k = settings.top_k
+    results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
+    pos = 0
+    bounded = 0
+    while pos < len(feasible):
+        if settings.bounding and len(results) >= k:
+            results.sort()
+            kth = results[k - 1][0]
+            if kth < feasible[pos][0]:
+                bounded = len(feasible) - pos
+                break
+        batch = feasible[pos : pos + BATCH]
+        pos += len(batch)
+        items = [candidates[i] for _, _, i in batch]
+        priced = run_phase(ctx, executor, task, recipe, "price", items, remote("price"))
+        for (_, key, i), p in zip(batch, priced, strict=True):
+            if hooks.priced is not None and p.memory_parts is not None:
+                hooks.priced(candidate_dict(candidates[i]), p.memory_parts, p.time_parts)
+            if p.fits:
+                results.append((p.step_s, p.peak_bytes, key, i, p))
+            else:
+                over_memory += 1
+        if hooks.progress is not None:
+            hooks.progress("price", pos, len(feasible))
+    if hooks.refusal is not None and bounded:
+        for _, _, i in feasible[len(feasible) - bounded :]:
+            hooks.refusal(candidate_dict(candidates[i]), "bounded")
+    results.sort()
+    t_price = time.perf_counter()
+    if not results:
+        raise InfeasibleError(_closest_message(ctx, closest))
+    plans: list[Plan] = []
+    pricer = pricing.pricer
+    for rank, (_, _, _, i, _) in enumerate(results[:k], start=1):
+        priced = pricer.price(candidate_layout(candidates[i]))
+        plans.append(pricer.plan(priced, rank=rank))
+    t_end = time.perf_counter()
+    summary = SearchSummary(
+        generated=enum.generated,
+        refused=dict(sorted(enum.refused.items())),
+        over_memory=over_memory,
+        bounded=bounded,
+        priced=len(feasible) - bounded,
+        seconds=PhaseTimes(
+            enumerate=t_enum - t0,
+            memory=t_screen - t_enum,
+            bound=t_bound - t_screen,
+            price=t_price - t_bound + (t_end - t_price),
+            total=t_end - t0,
+        ),
+    )
+    ranking = tuple((candidate_dict(candidates[i]), p) for _, _, _, i, p in results)
+    result = SearchResult(
+        summary=summary,
+        plans=tuple(plans),
+        assumptions=tuple(a.describe() for a in ctx.recorder.items),
+    )
+    return SearchOutcome(result=result, ranking=ranking)
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """The result, plus every kept plan in rank order (for --ranking-csv)."""
+
+    result: SearchResult
+    ranking: tuple[tuple[dict[str, Any], Priced], ...]
+
+
+def _closest_message(ctx: PricingContext, closest: tuple[int, int, Candidate] | None) -> str:
+    if closest is None:
+        return "no layout survived the refusal rules; widen the search space"
+    over, stage, c = closest
+    d = candidate_dict(c)
+    degrees = " ".join(f"{k} {d[k]}" for k in ("tp", "pp", "cp", "dp", "ep", "mbs") if k in d)
+    return (
+        f"no layout fits in {ctx.budget_bytes / GiB:.2f} GiB per device even with full recompute; closest: "
+        f"{degrees} zero {d['zero']} is over by {over / GiB:.2f} GiB on stage {stage}"
+    )
