@@ -167,7 +167,9 @@ SHARED_FIELDS = (
     ("grouped_gemm_half_gflop", 0.0, 40.0),
     ("kernel_launch_us", 0.0, 40.0),
 )
-OVERLAP_FIELDS = {"megatron": ("tp", "ep", "dp", "cp"), "torchtitan": ("fsdp", "tp")}
+OVERLAP_FIELDS = {"megatron": ("tp", "ep", "dp", "cp", "fsdp"), "torchtitan": ("fsdp", "tp", "cp")}
+ATTENTION_SCALED = ("megatron",)
+"""Frameworks whose attention kernel gets its own factor (the others keep the device's fit)."""
 BOUNDS = {"gemm": (0.3, 0.95), "gemm_low_precision": (0.2, 0.95), "attention": (0.15, 0.95)}
 
 
@@ -188,6 +190,8 @@ class CalibrationSpace:
         for fw, fields in OVERLAP_FIELDS.items():
             for f in fields:
                 params.append(Parameter(f"overlap.{fw}.{f}", 0.0, 1.0))
+        for fw in ATTENTION_SCALED:
+            params.append(Parameter(f"attention_scale.{fw}", 0.5, 2.0))
         params.append(Parameter("step_overhead_s", 0.0, 0.5))
         self.params = params
 
@@ -202,6 +206,8 @@ class CalibrationSpace:
                 values.append(getattr(self.base.overlap_for(fw), f))
             elif head == "step_overhead_s":
                 values.append(self.base.step_overhead_s)
+            elif head == "attention_scale":
+                values.append(self.base.attention_scale.get(tail, 1.0))
             else:
                 eff = self.base.devices.get(head, self.base.default)
                 values.append(getattr(eff, tail))
@@ -233,6 +239,10 @@ class CalibrationSpace:
                 "families": families,
                 "step_overhead_s": values["step_overhead_s"],
                 "fit": fit,
+                "attention_scale": {
+                    **self.base.attention_scale,
+                    **{fw: values[f"attention_scale.{fw}"] for fw in ATTENTION_SCALED},
+                },
             }
         )
 

@@ -300,6 +300,7 @@ class RunInterpreter:
                 dropout=0.0,
                 # NVIDIA's performance recipes reduce gradients in bf16 and fuse the loss.
                 grad_reduce_dtype="bf16" if nvidia_perf else None,
+                finetune="lora" if row.get("workload", "").lower() == "lora" else "full",
             )
             layout = Layout(
                 dp=dp,

@@ -67,6 +67,9 @@ class Calibration(Frozen):
     """Device id → family key, so parts of one generation share a fit."""
     overlap: dict[str, Overlap] = Field(default_factory=dict)
     """By framework name; ``default`` when absent."""
+    attention_scale: dict[str, float] = Field(default_factory=dict)
+    """By framework: how its default attention kernel compares with the device's
+    fitted attention efficiency (1 = the same; cuDNN/FA3-class kernels > FA2-class)."""
     step_overhead_s: float = Field(default=0.0, ge=0)
     """Fixed time per step outside the model (data loading, logging, launch gaps)."""
     fit: dict[str, float] = Field(default_factory=dict)

@@ -41,6 +41,13 @@ class StagePlacement:
     """(kind index, layer count, in-flight) aggregated over the stage's chunks."""
     head_in_flight: int = 1
     """Micro-batches whose loss activations the last stage holds at once."""
+    composition: tuple[tuple[int, int], ...] = ()
+    """(kind index, layer count) over the stage's chunks: what its weights and time depend on."""
+    role: tuple = ()
+    """What distinguishes the stage apart from in-flight counts: composition and the
+    embedding/head/MTP it carries (stages with one role share weights and seconds)."""
+    units: tuple[tuple[int, int], ...] = ()
+    """(kind index, Σ layers × in-flight): activation memory is Σ units × bytes per micro-batch."""
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -131,18 +138,37 @@ def place_layers(model: ModelSpec, layout: Layout) -> tuple[StagePlacement, ...]
             for layer in range(chunk.start, chunk.stop):
                 group_counts[(model.layers[layer], chunk.in_flight)] += 1
         groups = tuple(sorted((kind, n, k) for (kind, k), n in group_counts.items()))
+        composition_counts: Counter[int] = Counter()
+        unit_counts: Counter[int] = Counter()
+        for kind, n, k in groups:
+            composition_counts[kind] += n
+            unit_counts[kind] += n * k
+        composition = tuple(sorted(composition_counts.items()))
         first_chunk = entries[0][0] == 0 if entries else False
         last_chunk_id = chunks_n - 1
         has_head = any(cid == last_chunk_id for cid, _, _ in entries)
+        has_embedding = first_chunk or (s == 0)
+        has_mtp = has_head and model.num_mtp_layers > 0
+        head_in_flight = m if layout.schedule == "gpipe" else 1
         stages.append(
             StagePlacement(
                 index=s,
                 chunks=chunks,
-                has_embedding=first_chunk or (s == 0),
+                has_embedding=has_embedding,
                 has_head=has_head,
-                has_mtp=has_head and model.num_mtp_layers > 0,
+                has_mtp=has_mtp,
                 groups=groups,
-                head_in_flight=m if layout.schedule == "gpipe" else 1,
+                head_in_flight=head_in_flight,
+                composition=composition,
+                role=(
+                    composition,
+                    has_embedding,
+                    has_head,
+                    has_mtp,
+                    chunks[0].in_flight if has_embedding and chunks else 0,
+                    head_in_flight if has_head else 0,
+                ),
+                units=tuple(sorted(unit_counts.items())),
             )
         )
     return tuple(stages)

@@ -57,6 +57,10 @@ class Job(Frozen):
     grad_reduce_dtype: Literal["fp32", "bf16"] | None = None
     """Dtype of the gradient buffer and its data-parallel reduction; the framework's
     default when unstated (Megatron-LM: fp32 main gradients)."""
+    finetune: Literal["full", "lora"] | None = None
+    """What trains: every weight (pre-training, SFT), or low-rank adapters on frozen
+    weights (LoRA: no weight gradients, optimizer state or gradient reduction for the
+    base model; adapters are small enough to leave out)."""
     moe_capacity_factor: float | None = Field(default=None, gt=0)
     """Expert capacity factor; dropless, force-balanced routing (1.0) when unstated."""
 
@@ -69,6 +73,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "dropout": 0.0,
     "cp_kind": "ring",
     "moe_capacity_factor": 1.0,
+    "finetune": "full",
 }
 FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype")
 """Fields whose default depends on the framework (read from its traits)."""

@@ -213,27 +213,28 @@ class NdplanMemoryModel:
     def stage_static_bytes(
         self, ctx: PricingContext, layout: Layout, stage: StagePlacement
     ) -> dict[str, int]:
-        key = (
-            "static",
-            stage.index,
-            stage.groups,
-            stage.has_embedding,
-            stage.has_head,
-            layout.tp,
-            layout.cp,
-            layout.dp,
-            layout.ep,
-            layout.expert_tp,
-            layout.mbs,
-            layout.zero,
-            layout.sequence_parallel,
-            layout.offload_optimizer,
-            layout.pp,
-            layout.recompute,
-        )
+        # Two halves cached on their own (true) keys: the model state depends on what the
+        # stage holds and how it is sharded; the buffers on the micro-batch's shape.
+        state_key, buffer_key = _state_key(layout, stage), _buffer_key(layout, stage)
+        key = ("static", state_key, buffer_key)
         found = ctx.cache.get(key)
         if found is None:
-            found = ctx.cache[key] = self._static(ctx, layout, stage)
+            state = self._cached(ctx, "state", state_key, self._state_parts, layout, stage)
+            buffers = self._cached(ctx, "buffers", buffer_key, self._buffer_parts, layout, stage)
+            merged = {**state, **buffers, "reserve": ctx.fixed_reserve_bytes}
+            found = ctx.cache[key] = {
+                k: math.ceil(v) for k, v in merged.items() if v > 0 or k in ("weights", "reserve")
+            }
+        return found
+
+    @staticmethod
+    def _cached(
+        ctx: PricingContext, name: str, key: tuple, fn, layout: Layout, stage: StagePlacement
+    ):
+        full = (name, *key)
+        found = ctx.cache.get(full)
+        if found is None:
+            found = ctx.cache[full] = fn(ctx, layout, stage)
         return found
 
     # ------------------------------------------------------------------ parts
@@ -242,6 +243,15 @@ class NdplanMemoryModel:
         self, ctx: PricingContext, layout: Layout, stage: StagePlacement
     ) -> tuple[float, float, float]:
         """(dense parameters, routed-expert parameters, linear-weight parameters) on one device."""
+        key = ("stage_params", stage.role[:4], layout.tp, layout.ep, layout.expert_tp)
+        found = ctx.cache.get(key)
+        if found is None:
+            found = ctx.cache[key] = self._stage_parameters(ctx, layout, stage)
+        return found
+
+    def _stage_parameters(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> tuple[float, float, float]:
         model = ctx.model
         h, t = model.hidden_size, layout.tp
         dense = expert = linear = 0.0
@@ -278,7 +288,10 @@ class NdplanMemoryModel:
                     dense += embedding  # MTP embeds the shifted tokens on the last stage
         return dense, expert, linear
 
-    def _static(self, ctx: PricingContext, layout: Layout, stage: StagePlacement) -> dict[str, int]:
+    def _state_parts(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> dict[str, float]:
+        """Weights, gradients, optimizer state, gathered and low-precision copies."""
         job = ctx.settings
         fw = ctx.framework
         dense, expert, linear = self.stage_parameters(ctx, layout, stage)
@@ -317,16 +330,29 @@ class NdplanMemoryModel:
                 )
         if layout.offload_optimizer:
             parts["optimizer"] = 0.0
+        if job.finetune == "lora":
+            # Frozen base weights: no gradients or optimizer state (adapters are negligible).
+            parts["gradients"] = 0.0
+            parts["optimizer"] = 0.0
+            if fw.fsdp_fp32_params and layout.zero >= 2:
+                parts["weights"] = 2.0 * (dense / dense_shard + expert / expert_shard)
         if job.is_low_precision:
             shard = dense_shard if layout.zero >= 3 else 1
             parts["low_precision_weights"] = (
                 LOW_PRECISION_WEIGHT_BYTES[job.precision] * linear / shard
             )
-        parts.update(self._stage_activations(ctx, layout, stage))
-        parts["comm_buffers"] = self._comm_buffers(ctx, layout, stage) + fw.dp_bucket_bytes
+        return parts
+
+    def _buffer_parts(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> dict[str, float]:
+        """Activations outside the layers, communication buffers, the backward working set."""
+        parts = dict(self._stage_activations(ctx, layout, stage))
+        parts["comm_buffers"] = (
+            self._comm_buffers(ctx, layout, stage) + ctx.framework.dp_bucket_bytes
+        )
         parts["working_set"] = self._working_set(ctx, layout, stage)
-        parts["reserve"] = ctx.fixed_reserve_bytes
-        return {k: math.ceil(v) for k, v in parts.items() if v > 0 or k in ("weights", "reserve")}
+        return parts
 
     def _largest_layer_params(
         self, ctx: PricingContext, layout: Layout, stage: StagePlacement
@@ -456,6 +482,32 @@ def _finish(
         budget_bytes=ctx.budget_bytes,
         fits=peak.total_bytes <= ctx.budget_bytes,
         **extra,
+    )
+
+
+def _state_key(layout: Layout, stage: StagePlacement) -> tuple:
+    return (
+        stage.role[:4],
+        layout.tp,
+        layout.ep,
+        layout.expert_tp,
+        layout.dp * layout.cp,
+        layout.expert_data_parallel,
+        layout.zero,
+        layout.offload_optimizer,
+    )
+
+
+def _buffer_key(layout: Layout, stage: StagePlacement) -> tuple:
+    return (
+        stage.role,
+        layout.mbs,
+        layout.cp,
+        layout.tp,
+        layout.sequence_parallel,
+        layout.ep,
+        layout.expert_tp,
+        layout.recompute != "none",
     )
 
 

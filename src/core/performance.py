@@ -73,6 +73,8 @@ class LayerCost:
     """Re-gathering the SP inputs in the backward (when the gathered copies are dropped)."""
     cp_forward_s: float
     cp_backward_s: float
+    cp_ring_steps: int
+    """Ring steps (cp − 1) whose transfers hide behind one block's attention each; 0 for all-to-all."""
     ep_forward_s: float
     ep_backward_s: float
     attention_forward_s: float
@@ -81,6 +83,20 @@ class LayerCost:
     """Forward model FLOPs of the layer on one device, one micro-batch."""
     recompute_flops: dict[str, float]
     """Forward FLOPs each switch re-runs (for hardware FLOPs)."""
+
+
+class StageSeconds(dict):
+    """Per micro-batch seconds of one stage by part (the values sum to its time), plus
+    the compute that already hides the CP ring's transfers — it cannot hide anything else."""
+
+    __slots__ = ("cp_hidden_backward", "cp_hidden_forward")
+
+    def __init__(
+        self, parts: Mapping[str, float], hidden_forward: float = 0.0, hidden_backward: float = 0.0
+    ):
+        super().__init__(parts)
+        self.cp_hidden_forward = hidden_forward
+        self.cp_hidden_backward = hidden_backward
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +227,7 @@ class NdplanCostModel:
         seq = ctx.job.seq_length
         ab = ACTIVATION_BYTES
         lp = job.is_low_precision
+        backward_gemms = 1.0 if job.finetune == "lora" else 2.0
         cast = (
             (ab + 2.0) if lp else 0.0
         )  # quantise a linear input: read bf16, write two fp8 layouts
@@ -232,7 +249,8 @@ class NdplanCostModel:
             fwd = self._gemm_s(ctx, m, k, nn, count, low_precision, grouped=count > 1)
             if (low_precision is None and lp) or low_precision:
                 fwd += self._hbm_s(ctx, cast * m * k * count)
-            ops.append(Op(name, fwd, 2 * fwd, frozenset(switches), kernels=2))
+            # Frozen weights (LoRA) need no weight-gradient GEMM: the backward is dgrad only.
+            ops.append(Op(name, fwd, backward_gemms * fwd, frozenset(switches), kernels=2))
             f = 2.0 * m * k * nn * count
             flops += f
             for sw in switches:
@@ -294,7 +312,10 @@ class NdplanCostModel:
             kv_bytes_per_token = 0.0
             heads_local = lin.num_value_heads / t
         eff = self.efficiency(ctx)
-        attention_s = att_flops / (ctx.device.peak_flops("bf16") * eff.attention)
+        kernel_scale = self._calibration(ctx).attention_scale.get(job.framework, 1.0)
+        attention_s = att_flops / (
+            ctx.device.peak_flops("bf16") * min(1.0, eff.attention * kernel_scale)
+        )
         if job.attention_kernel == "eager" and not isinstance(att, LinearAttention):
             attention_s += self._hbm_s(ctx, 5 * ab * heads_local * n * seq)
         ops.append(
@@ -372,6 +393,7 @@ class NdplanCostModel:
         # block's attention; the backward moves K/V and their gradients. All-to-all
         # (Ulysses) exchanges heads: q, k, v in and the output back.
         cp_fwd = cp_bwd = 0.0
+        cp_steps = 0
         if layout.cp > 1 and kv_bytes_per_token > 0:
             if job.cp_kind == "all_to_all":
                 width = (2 * heads_local * self._head_dim(att) * ab) + kv_bytes_per_token
@@ -381,6 +403,7 @@ class NdplanCostModel:
                 step = send_recv_s(links.cp, n * kv_bytes_per_token)
                 cp_fwd = (layout.cp - 1) * step
                 cp_bwd = 2 * cp_fwd
+                cp_steps = layout.cp - 1
         kernels = sum(op.kernels for op in ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
         return LayerCost(
             ops=tuple(ops),
@@ -389,6 +412,7 @@ class NdplanCostModel:
             sp_regather_s=regather,
             cp_forward_s=cp_fwd,
             cp_backward_s=cp_bwd,
+            cp_ring_steps=cp_steps,
             ep_forward_s=ep_fwd,
             ep_backward_s=ep_fwd,
             attention_forward_s=attention_s,
@@ -396,6 +420,19 @@ class NdplanCostModel:
             flops=flops,
             recompute_flops=rec_flops,
         )
+
+    @staticmethod
+    def _cp_exposed(cost: LayerCost, ov: Overlap, cp: int) -> tuple[float, float]:
+        """Ring CP: each step's K/V transfer hides behind the previous block's attention
+        (the forward, then the backward with twice the bytes and 2.5× the compute);
+        all-to-all CP blocks attention, so it is exposed."""
+        if not cost.cp_ring_steps:
+            return cost.cp_forward_s, cost.cp_backward_s
+        steps = cost.cp_ring_steps
+        block = cost.attention_forward_s / cp
+        fwd = steps * max(0.0, cost.cp_forward_s / steps - ov.cp * block)
+        bwd = steps * max(0.0, cost.cp_backward_s / steps - ov.cp * FLASH_BACKWARD_FACTOR * block)
+        return fwd, bwd
 
     @staticmethod
     def _head_dim(att) -> int:
@@ -433,16 +470,10 @@ class NdplanCostModel:
         tp = (cost.tp_forward_s + cost.tp_backward_s) * tp_exposed
         ep_exposed = (1 - ov.ep) * (0.1 if layout.schedule == "dualpipev" else 1.0)
         ep = (cost.ep_forward_s + cost.ep_backward_s) * ep_exposed
-        cp = max(0.0, cost.cp_forward_s - ov.cp * cost.attention_forward_s) + max(
-            0.0, cost.cp_backward_s - ov.cp * FLASH_BACKWARD_FACTOR * cost.attention_forward_s
-        )
+        cp_fwd, cp_bwd = self._cp_exposed(cost, ov, layout.cp)
+        cp = cp_fwd + cp_bwd
         if recompute is None:
-            rec = (
-                fwd
-                + cost.tp_forward_s * tp_exposed
-                + cost.ep_forward_s * ep_exposed
-                + max(0.0, cost.cp_forward_s - ov.cp * cost.attention_forward_s)
-            )
+            rec = fwd + cost.tp_forward_s * tp_exposed + cost.ep_forward_s * ep_exposed + cp_fwd
         else:
             active = recompute | forced
             rec = sum(op.forward_s for op in cost.ops if op.recomputed_by & active)
@@ -545,13 +576,69 @@ class NdplanCostModel:
         stage: StagePlacement,
         assignment: Sequence[tuple[int, int, int, Recompute]],
     ) -> dict[str, float]:
-        """Per micro-batch time of one stage by part, for (kind, in-flight, count, recompute) groups."""
+        """Per micro-batch time of one stage by part, for (kind, in-flight, count, recompute)
+        groups; with ZeRO-3/FSDP the per-micro-batch parameter gathers and gradient
+        scatters that the stage's compute does not hide are part of it."""
         parts = dict(self.stage_fixed_seconds(ctx, layout, stage))
+        hidden_fwd = hidden_bwd = 0.0
+        ov = self.overlap(ctx)
         for kind_index, _, count, recompute in assignment:
-            layer = self.layer_seconds(ctx, layout, ctx.model.kinds[kind_index], recompute)
+            kind = ctx.model.kinds[kind_index]
+            layer = self.layer_seconds(ctx, layout, kind, recompute)
             for name in LAYER_PARTS:
                 parts[name] += count * layer[name]
-        return parts
+            if layout.cp > 1:
+                cost = self.layer_cost(ctx, layout, kind)
+                exposed_fwd, exposed_bwd = self._cp_exposed(cost, ov, layout.cp)
+                hidden_fwd += count * (cost.cp_forward_s - exposed_fwd)
+                hidden_bwd += count * (cost.cp_backward_s - exposed_bwd)
+        out = StageSeconds(parts, hidden_fwd, hidden_bwd)
+        out["dp_comm"] = self._fsdp_exposed(ctx, layout, stage, out)
+        return out
+
+    def _fsdp_exposed(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement, parts: Mapping[str, float]
+    ) -> float:
+        """ZeRO-3/FSDP per micro-batch: gather parameters for the forward and again for the
+        backward, reduce-scatter gradients (every micro-batch where the framework syncs
+        each one), each hidden behind the compute it precedes."""
+        if layout.zero < 3 or ctx.settings.finetune == "lora":
+            return 0.0
+        ov = self.overlap(ctx)
+        gather, scatter = self._dp_volumes(ctx, layout, stage)
+        # Compute already hiding the CP ring cannot hide the gathers as well.
+        fwd = parts["forward"] - getattr(parts, "cp_hidden_forward", 0.0)
+        bwd = parts["backward"] + parts["recompute"] - getattr(parts, "cp_hidden_backward", 0.0)
+        m = layout.num_microbatches
+        sync = 1.0 if ctx.framework.grad_accumulation_sync else 1.0 / m
+        return max(0.0, gather - ov.fsdp * fwd) + max(0.0, gather + sync * scatter - ov.fsdp * bwd)
+
+    def _dp_volumes(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> tuple[float, float]:
+        """(parameter all-gather, gradient reduce-scatter) seconds of one stage's state
+        over its data-parallel (and expert-data-parallel) groups."""
+        key = (
+            "dp_volumes",
+            stage.role[:4],
+            layout.tp,
+            layout.cp,
+            layout.dp,
+            layout.ep,
+            layout.expert_tp,
+            layout.pp,
+        )
+        found = ctx.cache.get(key)
+        if found is None:
+            links = self.links(ctx, layout)
+            dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
+            grad_bytes = 4 if ctx.settings.grad_reduce_dtype == "fp32" else 2
+            gather = all_gather_s(links.dp, dense * 2) + all_gather_s(links.expert_dp, expert * 2)
+            scatter = reduce_scatter_s(links.dp, dense * grad_bytes) + reduce_scatter_s(
+                links.expert_dp, expert * grad_bytes
+            )
+            found = ctx.cache[key] = (gather, scatter)
+        return found
 
     def step(
         self,
@@ -560,22 +647,34 @@ class NdplanCostModel:
         stages: Sequence[StagePlacement],
         stage_layer_seconds: Sequence[Mapping[str, float]],
     ) -> TimeBreakdown:
-        """Compose per-stage, per-micro-batch seconds into one optimizer step."""
+        """Compose per-stage, per-micro-batch seconds into one optimizer step.
+
+        The pipeline time is monotone in every stage's time; the per-step data-parallel
+        communication hides under the critical stage's last backward (and first forward),
+        and the optimizer step waits for the slowest stage's update — so no part of the
+        step can get faster when any stage gets slower.
+        """
         m = layout.num_microbatches
         totals = [sum(s.values()) for s in stage_layer_seconds]
         slowest = max(range(len(totals)), key=lambda i: (totals[i], -i))
         t_max = totals[slowest]
         pp = layout.pp
+        chunks_per_stage = (
+            layout.vpp
+            if layout.schedule == "interleaved"
+            else (2 if layout.schedule == "dualpipev" else 1)
+        )
         if layout.schedule == "interleaved":
             pipeline = m * t_max + (sum(totals) - t_max) / layout.vpp
         elif layout.schedule == "dualpipev":
-            # Each device runs two chunks; forward and backward of paired micro-batches
-            # overlap. Bubble ~ (pp − 1) chunk-steps with the weight-gradient half of the
-            # backward filling it (zero-bubble style).
-            crit = stage_layer_seconds[slowest]
-            weight_grad = 0.5 * crit.get("backward", 0.0)
-            bubble_unit = max(0.0, t_max - weight_grad) / 2
-            pipeline = m * t_max + (pp - 1) * bubble_unit
+            # Two chunks per device; paired micro-batches overlap forward and backward, and
+            # the weight-gradient half of each backward fills the bubble (zero-bubble style):
+            # (pp − 1) steps of the largest chunk time less its weight-gradient work.
+            unit = max(
+                max(0.0, t - 0.5 * sec.get("backward", 0.0)) / 2
+                for t, sec in zip(totals, stage_layer_seconds, strict=True)
+            )
+            pipeline = m * t_max + (pp - 1) * unit
         else:  # 1f1b, gpipe
             pipeline = sum(totals) + (m - 1) * t_max
         crit = stage_layer_seconds[slowest]
@@ -583,8 +682,18 @@ class NdplanCostModel:
         for name, value in crit.items():
             parts[name] += m * value
         parts["bubble"] = max(0.0, pipeline - m * t_max)
-        dp, optimizer = self.data_parallel_and_optimizer(ctx, layout, stages, stage_layer_seconds)
-        parts["dp_comm"] = dp
+        window_bwd = (
+            crit.get("backward", 0.0)
+            + crit.get("recompute", 0.0)
+            - getattr(crit, "cp_hidden_backward", 0.0)
+        ) / chunks_per_stage
+        window_fwd = (
+            crit.get("forward", 0.0) - getattr(crit, "cp_hidden_forward", 0.0)
+        ) / chunks_per_stage
+        dp, optimizer = self.data_parallel_and_optimizer(
+            ctx, layout, stages, window_fwd, window_bwd
+        )
+        parts["dp_comm"] += dp
         parts["optimizer"] = optimizer
         parts["overhead"] = self._calibration(ctx).step_overhead_s
         step = sum(parts.values())
@@ -600,57 +709,41 @@ class NdplanCostModel:
         ctx: PricingContext,
         layout: Layout,
         stages: Sequence[StagePlacement],
-        stage_layer_seconds: Sequence[Mapping[str, float]],
+        window_fwd: float,
+        window_bwd: float,
     ) -> tuple[float, float]:
-        """Exposed gradient reduction / parameter gathers, and the optimizer step, of the
-        stage that finishes last (the slowest once exposed communication is added)."""
+        """Per-step exposed data-parallel communication and the optimizer step.
+
+        Gradients reduce (ZeRO-0: all-reduce; ZeRO-1/2: reduce-scatter, every micro-batch
+        for ZeRO-2 under FSDP-style frameworks) under the last backward of the pipeline,
+        and ZeRO-1/2 parameters gather under the first forward; the busiest stage's
+        volume decides. ZeRO-3 gathers per micro-batch and is part of the stage time.
+        The optimizer step is the slowest stage's update.
+        """
         ov = self.overlap(ctx)
-        links = self.links(ctx, layout)
         fw = ctx.framework
         m = layout.num_microbatches
-        worst_dp = worst_opt = 0.0
-        worst_total = -1.0
-        for stage, secs in zip(stages, stage_layer_seconds, strict=True):
+        roles = {}
+        for stage in stages:
+            roles.setdefault(stage.role[:4], stage)
+        scatter_max = gather_max = opt = 0.0
+        for stage in roles.values():
+            gather, scatter = self._dp_volumes(ctx, layout, stage)
             dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
-            grad_bytes = 4 if ctx.settings.grad_reduce_dtype == "fp32" else 2
-            bwd = secs.get("backward", 0.0) + secs.get("recompute", 0.0)
-            fwd = secs.get("forward", 0.0)
-            if layout.zero >= 3:
-                # Per micro-batch: gather parameters for the forward and again for the
-                # backward, reduce-scatter gradients; hidden behind each layer's compute.
-                gather = all_gather_s(links.dp, dense * 2) + all_gather_s(
-                    links.expert_dp, expert * 2
-                )
-                scatter = reduce_scatter_s(links.dp, dense * grad_bytes) + reduce_scatter_s(
-                    links.expert_dp, expert * grad_bytes
-                )
-                per_mb = max(0.0, gather - ov.fsdp * fwd) + max(
-                    0.0, gather + scatter - ov.fsdp * bwd
-                )
-                syncs = m if fw.grad_accumulation_sync else 1
-                dp_time = per_mb * syncs + (m - syncs) * max(
-                    0.0, 2 * gather - ov.fsdp * (fwd + bwd)
-                )
-            elif layout.zero >= 1:
-                scatter = reduce_scatter_s(links.dp, dense * grad_bytes) + reduce_scatter_s(
-                    links.expert_dp, expert * grad_bytes
-                )
-                gather = all_gather_s(links.dp, dense * 2) + all_gather_s(
-                    links.expert_dp, expert * 2
-                )
-                if layout.zero >= 2 and fw.grad_accumulation_sync:
-                    scatter *= m
-                dp_time = max(0.0, scatter - ov.dp * bwd) + max(0.0, gather - ov.dp * fwd)
-            else:
-                reduce = all_reduce_s(links.dp, dense * grad_bytes) + all_reduce_s(
-                    links.expert_dp, expert * grad_bytes
-                )
-                dp_time = max(0.0, reduce - ov.dp * bwd)
-            opt = self._optimizer_s(ctx, layout, dense, expert)
-            total = sum(secs.values()) + dp_time + opt
-            if total > worst_total:
-                worst_total, worst_dp, worst_opt = total, dp_time, opt
-        return worst_dp, worst_opt
+            opt = max(opt, self._optimizer_s(ctx, layout, dense, expert))
+            if layout.zero == 0:
+                scatter = 2 * scatter  # an all-reduce moves twice a reduce-scatter's bytes
+                gather = 0.0
+            elif layout.zero == 2 and fw.grad_accumulation_sync:
+                scatter *= m
+            elif layout.zero >= 3:
+                gather = scatter = 0.0
+            scatter_max = max(scatter_max, scatter)
+            gather_max = max(gather_max, gather)
+        if ctx.settings.finetune == "lora":
+            return 0.0, opt  # frozen base weights: nothing to reduce
+        dp = max(0.0, scatter_max - ov.dp * window_bwd) + max(0.0, gather_max - ov.dp * window_fwd)
+        return dp, opt
 
     def _optimizer_s(
         self, ctx: PricingContext, layout: Layout, dense: float, expert: float

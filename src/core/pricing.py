@@ -25,7 +25,8 @@ class PricedLayout:
 
     layout: Layout
     stages: tuple[StagePlacement, ...]
-    static: tuple[dict[str, int], ...]
+    static: tuple[dict[str, int], ...] | None
+    """Per stage static parts (filled on demand by the breakdown)."""
     activations: tuple[int, ...]
     assignment: tuple[Assignment, ...]
     stage_seconds: tuple[dict[str, float], ...]
@@ -33,12 +34,11 @@ class PricedLayout:
     peak_bytes: int
     peak_stage: int
     fits: bool
+    static_totals: tuple[int, ...] = ()
 
     @property
     def totals(self) -> tuple[int, ...]:
-        return tuple(
-            sum(s.values()) + a for s, a in zip(self.static, self.activations, strict=True)
-        )
+        return tuple(s + a for s, a in zip(self.static_totals, self.activations, strict=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,51 @@ class Pricer:
         stages = self.ctx.placement(layout)
         return stages, tuple(self.memory.stage_static_bytes(self.ctx, layout, s) for s in stages)
 
+    def _static_totals(self, layout: Layout, stages: tuple[StagePlacement, ...]) -> list[int]:
+        """Per stage, the total of its static parts (stages with one role share it)."""
+        shard = (
+            layout.tp,
+            layout.cp,
+            layout.dp,
+            layout.ep,
+            layout.expert_tp,
+            layout.mbs,
+            layout.zero,
+            layout.sp,
+            layout.offload_optimizer,
+            layout.recompute != "none",
+        )
+        cache = self.ctx.cache
+        out = []
+        for stage in stages:
+            key = ("static_total", stage.role, shard)
+            total = cache.get(key)
+            if total is None:
+                total = cache[key] = sum(
+                    self.memory.stage_static_bytes(self.ctx, layout, stage).values()
+                )
+            out.append(total)
+        return out
+
+    def _kind_bytes(self, layout: Layout, recompute: Recompute) -> list[int]:
+        """Activation bytes per micro-batch of one layer of each kind under ``recompute``."""
+        key = (
+            "kind_bytes",
+            layout.tp,
+            layout.cp,
+            layout.sequence_parallel,
+            layout.expert_tp,
+            layout.mbs,
+            recompute,
+        )
+        found = self.ctx.cache.get(key)
+        if found is None:
+            found = self.ctx.cache[key] = [
+                self.memory.layer_activation_bytes(self.ctx, layout, kind, recompute)
+                for kind in self.ctx.model.kinds
+            ]
+        return found
+
     def activation_bytes(self, layout: Layout, assignment: Assignment) -> int:
         kinds = self.ctx.model.kinds
         return sum(
@@ -88,14 +133,12 @@ class Pricer:
 
     def lightest_miss(self, layout: Layout) -> MemoryMiss | None:
         """None when every stage fits fully recomputed; else the worst stage's overflow."""
-        stages, static = self.static(layout)
+        stages = self.ctx.placement(layout)
+        per_kind = self._kind_bytes(layout, None)
         budget = self.ctx.budget_bytes
         worst: MemoryMiss | None = None
-        for stage, parts in zip(stages, static, strict=True):
-            total = sum(parts.values()) + self.activation_bytes(
-                layout, self._fixed_assignment(stage, None)
-            )
-            over = total - budget
+        for stage, static in zip(stages, self._static_totals(layout, stages), strict=True):
+            over = static + sum(units * per_kind[kind] for kind, units in stage.units) - budget
             if over > 0 and (worst is None or over > worst.over_bytes):
                 worst = MemoryMiss(stage.index, over)
         return worst
@@ -127,12 +170,12 @@ class Pricer:
         return tuple(out)
 
     def auto_assignment(
-        self, layout: Layout, static: tuple[dict[str, int], ...]
+        self, layout: Layout, static_totals: list[int]
     ) -> tuple[Assignment, ...] | None:
         """Per stage, the exact knapsack within what the static memory leaves."""
         out = []
-        for stage, parts in zip(self.ctx.placement(layout), static, strict=True):
-            budget = self.ctx.budget_bytes - sum(parts.values())
+        for stage, static in zip(self.ctx.placement(layout), static_totals, strict=True):
+            budget = self.ctx.budget_bytes - static
             choice = self.solver.choose(self.stage_groups(layout, stage), budget)
             if choice is None:
                 return None
@@ -143,25 +186,30 @@ class Pricer:
 
     def price(self, layout: Layout, *, with_time: bool = True) -> PricedLayout:
         ctx = self.ctx
-        stages, static = self.static(layout)
+        stages = ctx.placement(layout)
+        static_totals = self._static_totals(layout, stages)
         assignment: tuple[Assignment, ...] | None = None
         if layout.recompute == "auto":
-            assignment = self.auto_assignment(layout, static)
+            assignment = self.auto_assignment(layout, static_totals)
         if assignment is None:  # a fixed policy, or auto with nothing fitting (priced at full)
             rec = self.policy_recompute(layout) if layout.recompute != "auto" else None
-            assignment = tuple(self._fixed_assignment(s, rec) for s in stages)
-        activations = tuple(self.activation_bytes(layout, a) for a in assignment)
-        totals = [sum(s.values()) + a for s, a in zip(static, activations, strict=True)]
+            per_kind = self._kind_bytes(layout, rec)
+            activations = tuple(
+                sum(units * per_kind[kind] for kind, units in s.units) for s in stages
+            )
+            assignment = tuple(self._role_assignment(s, rec) for s in stages)
+        else:
+            activations = tuple(self.activation_bytes(layout, a) for a in assignment)
+        totals = [st + a for st, a in zip(static_totals, activations, strict=True)]
         peak_stage = max(range(len(totals)), key=lambda i: (totals[i], -i))
         seconds = tuple(
-            self.cost.stage_seconds(ctx, layout, s, a)
-            for s, a in zip(stages, assignment, strict=True)
+            self._stage_seconds(layout, s, a) for s, a in zip(stages, assignment, strict=True)
         )
         time = self.cost.step(ctx, layout, stages, seconds) if with_time else None
         return PricedLayout(
             layout=layout,
             stages=stages,
-            static=static,
+            static=None,
             activations=activations,
             assignment=assignment,
             stage_seconds=seconds,
@@ -169,14 +217,49 @@ class Pricer:
             peak_bytes=totals[peak_stage],
             peak_stage=peak_stage,
             fits=totals[peak_stage] <= ctx.budget_bytes,
+            static_totals=tuple(static_totals),
         )
+
+    def _role_assignment(self, stage: StagePlacement, recompute: Recompute) -> Assignment:
+        """A fixed policy's assignment; in-flight counts do not change time, so stages with
+        one role share one assignment (and one cached seconds entry)."""
+        return tuple((kind, 0, count, recompute) for kind, count in stage.composition)
+
+    def _stage_seconds(
+        self, layout: Layout, stage: StagePlacement, assignment: Assignment
+    ) -> dict[str, float]:
+        """Per micro-batch seconds of one stage, memoised on what they depend on: the
+        stage's layers and role, the degrees that shard a layer, and the assignment."""
+        key = (
+            "stage_s",
+            stage.role[:4],
+            assignment,
+            layout.tp,
+            layout.cp,
+            layout.sequence_parallel,
+            layout.ep,
+            layout.expert_tp,
+            layout.mbs,
+            layout.pp > 1,
+            layout.vpp,
+            layout.schedule,
+            layout.dp if layout.pp > 1 else 0,
+        )
+        cache = self.ctx.cache
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = self.cost.stage_seconds(self.ctx, layout, stage, assignment)
+        return found
 
     # ------------------------------------------------------------------ results
 
     def memory_breakdown(self, priced: PricedLayout) -> MemoryBreakdown:
         ctx = self.ctx
         stages = []
-        for stage, parts, act in zip(priced.stages, priced.static, priced.activations, strict=True):
+        static = priced.static or tuple(
+            self.memory.stage_static_bytes(ctx, priced.layout, s) for s in priced.stages
+        )
+        for stage, parts, act in zip(priced.stages, static, priced.activations, strict=True):
             full = {"activations": act, **parts}
             stages.append(
                 StageMemory(
@@ -204,10 +287,13 @@ class Pricer:
         for stage, assignment in zip(priced.stages, priced.assignment, strict=True):
             queues: dict[tuple[int, int], list[str]] = {}
             for kind, k, count, rec in assignment:
+                # k == 0: a fixed policy, the same for the kind whatever the in-flight count
                 queues.setdefault((kind, k), []).extend([option_name(rec)] * count)
             for chunk in stage.chunks:
                 for layer in range(chunk.start, chunk.stop):
-                    option = queues[(model.layers[layer], chunk.in_flight)].pop(0)
+                    kind = model.layers[layer]
+                    queue = queues.get((kind, chunk.in_flight)) or queues[(kind, 0)]
+                    option = queue.pop(0)
                     last = ranges[-1] if ranges else None
                     if (
                         last

@@ -17,6 +17,7 @@ degrees); workers rebuild their pricing state from a plain recipe.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import Counter
@@ -37,6 +38,8 @@ SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
 RECOMPUTES = ("none", "selective", "full", "auto")
 BATCH = 64
 """Candidates priced per batch between bound checks (fixed: results must not depend on workers)."""
+SCREEN_BATCH = 256
+"""Candidates whose memory and exact bound are computed per batch (fixed, likewise)."""
 
 # Candidate tuple layout (plain, picklable, hashable).
 FIELDS = (
@@ -362,6 +365,27 @@ class SearchPricing:
         self.pricer = pricer
         self.debug = debug
 
+    def quick_bound(self, c: Candidate) -> float:
+        """A cheap lower bound on the step time: every decoder layer at its fastest option,
+        stages perfectly balanced, no embedding, head, data-parallel or optimizer time.
+        1F1B/GPipe: ``W·(1 + (m − 1)/pp)``; interleaved and DualPipeV: ``m·W/pp``, where W
+        is one micro-batch through all layers."""
+        tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched = c
+        key = ("quick", tp, cp, sp and tp > 1, ep, etp, mbs, sched == 3)
+        ctx = self.pricer.ctx
+        w = ctx.cache.get(key)
+        if w is None:
+            layout = candidate_layout(c)
+            cost = self.pricer.cost
+            w = 0.0
+            for kind, count in ctx.model.kind_counts():
+                w += count * sum(cost.layer_seconds(ctx, layout, kind, frozenset()).values())
+            ctx.cache[key] = w
+        overhead = self.pricer.ctx.calibration.step_overhead_s
+        if sched in (0, 2):  # 1f1b, gpipe
+            return w * (1 + (m - 1) / pp) + overhead
+        return m * w / pp + overhead
+
     def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
         """Memory at full recompute, and the lower bound on time (all layers at their fastest)."""
         out = []
@@ -394,8 +418,11 @@ class SearchPricing:
             mem = tim = None
             if self.debug:
                 peak = priced.peak_stage
+                static = self.pricer.memory.stage_static_bytes(
+                    self.pricer.ctx, layout, priced.stages[peak]
+                )
                 mem = {
-                    **priced.static[peak],
+                    **static,
                     "activations": priced.activations[peak],
                     "stage": peak,
                     "total": priced.peak_bytes,
@@ -481,53 +508,77 @@ def search(
         return call
 
     candidates = enum.candidates
-    screened = run_phase(ctx, executor, task, recipe, "screen", candidates, remote("screen"))
+    # Best-first with lazily refined bounds: a cheap bound for every candidate orders the
+    # work; the memory check and the exact bound (every layer at its fastest option) are
+    # computed in fixed-size batches in that order, and candidates are priced exactly in
+    # order of the exact bound. Work stops once the K-th best plan beats every bound left.
+    # Batches are fixed by the bounds alone, so the result does not depend on executors.
+    quick = [pricing.quick_bound(c) for c in candidates]
+    order = sorted(range(len(candidates)), key=lambda i: (quick[i], tie_key(candidates[i])))
     t_screen = time.perf_counter()
-    feasible: list[tuple[float, tuple[int, ...], int]] = []
+    k = settings.top_k
+    heap: list[tuple[float, tuple[int, ...], int]] = []
+    results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
+    kth = math.inf
     over_memory = 0
     closest: tuple[int, int, Candidate] | None = None
-    for i, (c, s) in enumerate(zip(candidates, screened, strict=True)):
-        if s.fits:
-            feasible.append((s.bound_s, tie_key(c), i))
-        else:
-            over_memory += 1
-            if hooks.refusal is not None:
-                hooks.refusal(
-                    candidate_dict(c),
-                    f"over_memory (stage {s.miss_stage} by {s.miss_bytes / GiB:.2f} GiB)",
-                )
-            if closest is None or s.miss_bytes < closest[0]:
-                closest = (s.miss_bytes, s.miss_stage, c)
-    feasible.sort()
-    t_bound = time.perf_counter()
-
-    k = settings.top_k
-    results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
     pos = 0
-    bounded = 0
-    while pos < len(feasible):
-        if settings.bounding and len(results) >= k:
-            results.sort()
-            kth = results[k - 1][0]
-            if kth < feasible[pos][0]:
-                bounded = len(feasible) - pos
-                break
-        batch = feasible[pos : pos + BATCH]
-        pos += len(batch)
-        items = [candidates[i] for _, _, i in batch]
+    priced_count = 0
+    t_memory = 0.0
+    while pos < len(order) or heap:
+        next_quick = quick[order[pos]] if pos < len(order) else math.inf
+        next_exact = heap[0][0] if heap else math.inf
+        if settings.bounding and kth < min(next_quick, next_exact):
+            break
+        if next_quick <= next_exact:
+            tick = time.perf_counter()
+            batch = order[pos : pos + SCREEN_BATCH]
+            pos += len(batch)
+            screened = run_phase(
+                ctx,
+                executor,
+                task,
+                recipe,
+                "screen",
+                [candidates[i] for i in batch],
+                remote("screen"),
+            )
+            for i, s in zip(batch, screened, strict=True):
+                if s.fits:
+                    heapq.heappush(heap, (s.bound_s, tie_key(candidates[i]), i))
+                    continue
+                over_memory += 1
+                if hooks.refusal is not None:
+                    hooks.refusal(
+                        candidate_dict(candidates[i]),
+                        f"over_memory (stage {s.miss_stage} by {s.miss_bytes / GiB:.2f} GiB)",
+                    )
+                if closest is None or s.miss_bytes < closest[0]:
+                    closest = (s.miss_bytes, s.miss_stage, candidates[i])
+            t_memory += time.perf_counter() - tick
+            continue
+        batch_entries = [heapq.heappop(heap) for _ in range(min(BATCH, len(heap)))]
+        items = [candidates[i] for _, _, i in batch_entries]
         priced = run_phase(ctx, executor, task, recipe, "price", items, remote("price"))
-        for (_, key, i), p in zip(batch, priced, strict=True):
+        priced_count += len(items)
+        for (_, key, i), p in zip(batch_entries, priced, strict=True):
             if hooks.priced is not None and p.memory_parts is not None:
                 hooks.priced(candidate_dict(candidates[i]), p.memory_parts, p.time_parts)
             if p.fits:
                 results.append((p.step_s, p.peak_bytes, key, i, p))
             else:
                 over_memory += 1
+        if len(results) >= k:
+            results.sort()
+            kth = results[k - 1][0]
         if hooks.progress is not None:
-            hooks.progress("price", pos, len(feasible))
-    if hooks.refusal is not None and bounded:
-        for _, _, i in feasible[len(feasible) - bounded :]:
+            hooks.progress("price", pos, len(order))
+    unexamined = [i for i in order[pos:]] + [i for _, _, i in sorted(heap)]
+    bounded = len(unexamined)
+    if hooks.refusal is not None:
+        for i in unexamined:
             hooks.refusal(candidate_dict(candidates[i]), "bounded")
+    t_bound = t_screen + t_memory
     results.sort()
     t_price = time.perf_counter()
     if not results:
@@ -543,12 +594,12 @@ def search(
         refused=dict(sorted(enum.refused.items())),
         over_memory=over_memory,
         bounded=bounded,
-        priced=len(feasible) - bounded,
+        priced=priced_count,
         seconds=PhaseTimes(
             enumerate=t_enum - t0,
-            memory=t_screen - t_enum,
-            bound=t_bound - t_screen,
-            price=t_price - t_bound + (t_end - t_price),
+            bound=t_screen - t_enum,
+            memory=t_memory,
+            price=t_end - t_screen - t_memory,
             total=t_end - t0,
         ),
     )
