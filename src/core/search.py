@@ -94,7 +94,7 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
 
 def tie_key(c: Candidate) -> tuple[int, ...]:
     """The fixed order of degrees that breaks ranking ties."""
-    tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched = c
+    tp, pp, cp, dp, ep, etp, vpp, mbs, _m, zero, sp, offload, rec, sched = c
     return (tp, pp, cp, ep, etp, vpp, dp, mbs, zero, sp, offload, rec, sched)
 
 
@@ -370,7 +370,7 @@ class SearchPricing:
         stages perfectly balanced, no embedding, head, data-parallel or optimizer time.
         1F1B/GPipe: ``W·(1 + (m − 1)/pp)``; interleaved and DualPipeV: ``m·W/pp``, where W
         is one micro-batch through all layers."""
-        tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched = c
+        tp, pp, cp, _dp, ep, etp, _vpp, mbs, m, _zero, sp, _offload, _rec, sched = c
         key = ("quick", tp, cp, sp and tp > 1, ep, etp, mbs, sched == 3)
         ctx = self.pricer.ctx
         w = ctx.cache.get(key)
@@ -578,9 +578,7 @@ def search(
     if hooks.refusal is not None:
         for i in unexamined:
             hooks.refusal(candidate_dict(candidates[i]), "bounded")
-    t_bound = t_screen + t_memory
     results.sort()
-    t_price = time.perf_counter()
     if not results:
         raise InfeasibleError(_closest_message(ctx, closest))
     plans: list[Plan] = []
