@@ -27,7 +27,7 @@ def main(out: Path = OUT) -> int:
         planner.components.presets, planner.components.devices
     ).interpret_all(rows)
     start = time.perf_counter()
-    calibration, results = fit_calibration(
+    calibration, _results = fit_calibration(
         planner,
         cases,
         Calibration(),

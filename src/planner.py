@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ndplan.adapters.devices.calibration import load_calibration
+from ndplan.adapters.executors.faults import GuardedPricing
 from ndplan.adapters.readers.resolve import load_model
 from ndplan.bootstrap import Components, bootstrap
 from ndplan.core.assumptions import AssumptionRecorder
@@ -42,6 +43,8 @@ class PricingOptions:
     balance_reserve_gib: float = 0.0
     reserve_gib: float | None = None
     calibration: Path | None = None
+    memoize: bool = True
+    """Reuse priced parts across candidates (turn off only to measure what reuse buys)."""
 
 
 class Planner:
@@ -85,6 +88,7 @@ class Planner:
             capacity_bytes=capacity,
             balance_reserve_bytes=int(opts.balance_reserve_gib * GiB),
             reserve_bytes=int(opts.reserve_gib * GiB) if opts.reserve_gib is not None else None,
+            memoize=opts.memoize,
         )
 
     def pricer(self, ctx: PricingContext, options: PricingOptions | None = None) -> Pricer:
@@ -132,7 +136,10 @@ class Planner:
         if top_k < 1:
             raise InvalidInputError(f"--top: must be at least 1, got {top_k}")
         debug = bool(sinks) or collect_parts
-        pricing = SearchPricing(self.pricer(ctx, opts), debug=debug)
+        # Failures name the candidate and whether a plugin raised (exit 4) or ndplan (5).
+        pricing = GuardedPricing(
+            SearchPricing(self.pricer(ctx, opts), debug=debug), self.components.plugin_modules
+        )
         rules = [(name, rule) for name, rule in self.components.refusal_rules.rules]
         hooks = SearchHooks(progress=progress)
         if sinks:
@@ -150,7 +157,7 @@ class Planner:
         recipe = None
         task = None
         if executor is not None and getattr(executor, "name", "") != "serial":
-            from ndplan.adapters.executors.worker import SearchRecipe, run_task
+            from ndplan.adapters.executors.worker import SearchRecipe, SharedAnalyses, run_task
 
             recipe = SearchRecipe(
                 model=ctx.model,
@@ -169,6 +176,7 @@ class Planner:
                 device_files=self.components.device_files,
                 debug=debug,
                 strict=ctx.recorder.strict,
+                analyses=SharedAnalyses(ctx.cache),
                 token=uuid.uuid4().hex,
             )
             task = run_task

@@ -193,6 +193,7 @@ class CalibrationSpace:
         for fw in ATTENTION_SCALED:
             params.append(Parameter(f"attention_scale.{fw}", 0.5, 2.0))
         params.append(Parameter("step_overhead_s", 0.0, 0.5))
+        params.append(Parameter("interference", 0.0, 0.5))
         self.params = params
 
     def start(self) -> np.ndarray:
@@ -206,6 +207,8 @@ class CalibrationSpace:
                 values.append(getattr(self.base.overlap_for(fw), f))
             elif head == "step_overhead_s":
                 values.append(self.base.step_overhead_s)
+            elif head == "interference":
+                values.append(self.base.interference)
             elif head == "attention_scale":
                 values.append(self.base.attention_scale.get(tail, 1.0))
             else:
@@ -238,6 +241,7 @@ class CalibrationSpace:
                 "overlap": overlap,
                 "families": families,
                 "step_overhead_s": values["step_overhead_s"],
+                "interference": values["interference"],
                 "fit": fit,
                 "attention_scale": {
                     **self.base.attention_scale,

@@ -18,7 +18,7 @@ import typer
 from ndplan import __version__
 from ndplan.core.errors import ExitCode, NdplanError
 
-from . import compare, estimate, info, models, search
+from . import compare, estimate, info, models, search, sweep
 from .options import state
 
 
@@ -92,11 +92,27 @@ estimate.register(app)
 compare.register(app)
 search.register(app)
 models.register(app)
+sweep.register(app)
 
 
 def _fail(message: str, code: ExitCode) -> int:
     print(f"ndplan: error: {message}", file=sys.stderr)
     return int(code)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether Ctrl-C caused ``exc``. Fix (tests/integration/test_search_interrupt.py): a
+    KeyboardInterrupt that lands inside a numba kernel (the knapsack) comes out as
+    ``SystemError: ... returned a result with an exception set`` caused by it, which the
+    pricing guard then reported as an internal error (exit 5) instead of exit 130."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -105,6 +121,10 @@ def run(argv: list[str] | None = None) -> int:
     try:
         result = app(args=argv, prog_name="ndplan", standalone_mode=False)
     except typer.Exit as exc:
+        # Fix: typer turns Ctrl-C into Exit(130) (from the KeyboardInterrupt), which
+        # returned 130 silently; say so in one line, as every other way out does.
+        if _interrupted(exc):
+            return _fail("interrupted", ExitCode.INTERRUPTED)
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
         return _fail("interrupted", ExitCode.INTERRUPTED)
@@ -112,12 +132,16 @@ def run(argv: list[str] | None = None) -> int:
         exc.show()  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     except NdplanError as exc:
+        if _interrupted(exc):
+            return _fail("interrupted", ExitCode.INTERRUPTED)
         if debug:
             traceback.print_exc()
         return _fail(str(exc), exc.exit_code)
     except BrokenPipeError:
         return 0
     except Exception as exc:
+        if _interrupted(exc):
+            return _fail("interrupted", ExitCode.INTERRUPTED)
         if debug:  # the traceback, but still the documented code (not Python's 1)
             traceback.print_exc()
         return _fail(
@@ -125,6 +149,10 @@ def run(argv: list[str] | None = None) -> int:
             "for a traceback)",
             ExitCode.INTERNAL_ERROR,
         )
+    if result == ExitCode.INTERRUPTED:
+        # Fix: without standalone mode click hands typer's Exit(130) back as the result
+        # (Ctrl-C anywhere in a command), which returned 130 without a word.
+        return _fail("interrupted", ExitCode.INTERRUPTED)
     return int(result) if isinstance(result, int) else 0
 
 

@@ -62,13 +62,20 @@ def default_jobs() -> int:
     return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
-def choose(jobs: int | None, name: str | None, verbosity: int) -> tuple[str, int]:
-    """(executor name, worker count) from -j, --executor, NDPLAN_JOBS and the verbosity."""
+def choose(
+    jobs: int | None, name: str | None, verbosity: int, ray_address: str | None = None
+) -> tuple[str, int]:
+    """(executor name, worker count) from -j, --executor, --ray-address, NDPLAN_JOBS and
+    the verbosity. ``--ray-address`` alone implies ``--executor ray``."""
     count = jobs if jobs is not None else default_jobs()
     if verbosity >= PER_CANDIDATE_VERBOSITY:
         return "serial", 1
     if name is None:
-        name = "pool" if count > 1 else "serial"
+        name = "ray" if ray_address else "pool" if count > 1 else "serial"
+    elif ray_address and name != "ray":
+        raise InvalidInputError(
+            f"--ray-address: only the ray executor joins a cluster (got --executor {name})"
+        )
     return name, count
 
 
@@ -77,9 +84,13 @@ def open_executor(
     state: State, *, jobs: int | None, name: str | None, ray_address: str | None, verbosity: int = 0
 ) -> Iterator[Executor]:
     """Start the executor now (before inputs are parsed); close it on success, terminate on error."""
-    chosen, count = choose(jobs, name, verbosity)
+    chosen, count = choose(jobs, name, verbosity, ray_address)
     registry = state.components().executors
     if chosen not in registry:
+        if chosen == "ray":
+            raise InvalidInputError(
+                "--executor ray: Ray is not installed; pip install 'ndplan[ray]'"
+            )
         if name is not None:
             registry.get(chosen)  # unknown name: one line listing the known ones
         note(f"executor '{chosen}' is not available; pricing in one process")

@@ -500,7 +500,9 @@ def search_cmd(
             max_tp=max_tp,
         )
         sinks = []
-        if debug_dir is not None:
+        # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
+        # it is opened, and a sink that needs a folder says so (exit 3).
+        if debug_dir is not None or debug_sink:
             for name in debug_sink or ["csv"]:
                 sink = planner.components.debug_sinks.get(name)()
                 sink.open(debug_dir)
@@ -589,5 +591,19 @@ def _progress() -> _Progress | None:
     return None
 
 
+DEMO = {"model": "llama-3-70b", "device": "h100-sxm", "devices": 64, "gbs": 512, "seq_len": 8192}
+
+
+def demo(ctx: typer.Context, as_json: Json = False) -> None:
+    """A first run: search every layout of Llama-3-70B on 64 × H100, GBS 512, seq 8192.
+
+    The same as `ndplan search -m llama-3-70b -d h100-sxm -n 64 --gbs 512 -s 8192`.
+    """
+    if not as_json:
+        note("ndplan demo: " + " ".join(f"{k}={v}" for k, v in DEMO.items()))
+    search_cmd(ctx, **DEMO, as_json=as_json)
+
+
 def register(app: typer.Typer) -> None:
     app.command("search")(search_cmd)
+    app.command("demo")(demo)

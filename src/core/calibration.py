@@ -36,6 +36,9 @@ class DeviceEfficiency(Frozen):
     """Achieved bus-bandwidth fraction of collectives over the scale-up fabric."""
     scale_out_bus: float = Field(default=0.80, gt=0, le=1)
     """Achieved bus-bandwidth fraction of collectives over the scale-out network."""
+    host_optimizer_params_per_s: float = Field(default=1.0e9, gt=0)
+    """Parameters per second a device's share of the host CPU updates when the optimizer
+    is offloaded (a CPU Adam step; an engineering default — no measured rows offload)."""
     kernel_launch_us: float = Field(default=4.0, ge=0)
     """Fixed cost per kernel launch on the critical path, microseconds."""
     reserve_gib: float | None = Field(default=None, ge=0)
@@ -67,6 +70,9 @@ class Calibration(Frozen):
     """Device id → family key, so parts of one generation share a fit."""
     overlap: dict[str, Overlap] = Field(default_factory=dict)
     """By framework name; ``default`` when absent."""
+    interference: float = Field(default=0.0, ge=0, le=1)
+    """Share of hidden communication time that still slows the compute it overlaps
+    (collective kernels take SMs and HBM bandwidth from the GEMMs they hide behind)."""
     attention_scale: dict[str, float] = Field(default_factory=dict)
     """By framework: how its default attention kernel compares with the device's
     fitted attention efficiency (1 = the same; cuDNN/FA3-class kernels > FA2-class)."""

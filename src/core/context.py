@@ -62,6 +62,16 @@ class StagePlacement:
         return max((c.in_flight for c in self.chunks), default=0)
 
 
+class _NoCache(dict):
+    """A cache that forgets: every lookup misses, so everything is recomputed."""
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
 def even_split(num_layers: int, parts: int) -> tuple[int, ...]:
     """Layers per chunk, as even as possible; the earlier chunks take the remainder last
     (first and last stages also carry the embedding and the head)."""
@@ -193,8 +203,12 @@ class PricingContext:
     reserve_bytes: int | None = None
     """The fixed runtime reserve; the device's (or the calibration's) when None."""
     cache: dict[Any, Any] = field(default_factory=dict)
+    memoize: bool = True
+    """Reuse priced parts across candidates (off only to measure what reuse buys)."""
 
     def __post_init__(self) -> None:
+        if not self.memoize:
+            self.cache = _NoCache()
         self.settings = JobSettings(self.job, self.recorder)
         self.kind_params: tuple[KindParameters, ...] = tuple(
             kind_parameters(k, self.model.hidden_size) for k in self.model.kinds

@@ -466,12 +466,18 @@ class NdplanCostModel:
         forced = ctx.framework.forced_switches
         fwd = sum(op.forward_s for op in cost.ops) + cost.launch_s / 3
         bwd = sum(op.backward_s for op in cost.ops) + 2 * cost.launch_s / 3
+        # Hidden communication still costs some compute (SM and HBM contention): a share
+        # `interference` of the hidden time is charged to the communication part.
+        slow = self._calibration(ctx).interference
         tp_exposed = 1 - ov.tp
-        tp = (cost.tp_forward_s + cost.tp_backward_s) * tp_exposed
+        tp_raw = cost.tp_forward_s + cost.tp_backward_s
+        tp = tp_raw * (tp_exposed + slow * ov.tp)
         ep_exposed = (1 - ov.ep) * (0.1 if layout.schedule == "dualpipev" else 1.0)
-        ep = (cost.ep_forward_s + cost.ep_backward_s) * ep_exposed
+        ep_raw = cost.ep_forward_s + cost.ep_backward_s
+        ep = ep_raw * (ep_exposed + slow * (1 - ep_exposed))
         cp_fwd, cp_bwd = self._cp_exposed(cost, ov, layout.cp)
-        cp = cp_fwd + cp_bwd
+        cp_hidden = cost.cp_forward_s + cost.cp_backward_s - cp_fwd - cp_bwd
+        cp = cp_fwd + cp_bwd + slow * cp_hidden
         if recompute is None:
             rec = fwd + cost.tp_forward_s * tp_exposed + cost.ep_forward_s * ep_exposed + cp_fwd
         else:
@@ -611,7 +617,11 @@ class NdplanCostModel:
         bwd = parts["backward"] + parts["recompute"] - getattr(parts, "cp_hidden_backward", 0.0)
         m = layout.num_microbatches
         sync = 1.0 if ctx.framework.grad_accumulation_sync else 1.0 / m
-        return max(0.0, gather - ov.fsdp * fwd) + max(0.0, gather + sync * scatter - ov.fsdp * bwd)
+        raw = 2 * gather + sync * scatter
+        exposed = max(0.0, gather - ov.fsdp * fwd) + max(
+            0.0, gather + sync * scatter - ov.fsdp * bwd
+        )
+        return exposed + self._calibration(ctx).interference * (raw - exposed)
 
     def _dp_volumes(
         self, ctx: PricingContext, layout: Layout, stage: StagePlacement
@@ -650,46 +660,49 @@ class NdplanCostModel:
         """Compose per-stage, per-micro-batch seconds into one optimizer step.
 
         The pipeline time is monotone in every stage's time; the per-step data-parallel
-        communication hides under the critical stage's last backward (and first forward),
-        and the optimizer step waits for the slowest stage's update — so no part of the
-        step can get faster when any stage gets slower.
+        communication hides under the shortest of the stages' last backward (and first
+        forward) — the window every stage's reduction is sure to have — and the optimizer
+        step waits for the slowest stage's update. So no part of the step can get faster
+        when a stage gets slower (which is what makes the search's bounds valid).
         """
         m = layout.num_microbatches
         totals = [sum(s.values()) for s in stage_layer_seconds]
         slowest = max(range(len(totals)), key=lambda i: (totals[i], -i))
         t_max = totals[slowest]
         pp = layout.pp
-        chunks_per_stage = (
-            layout.vpp
-            if layout.schedule == "interleaved"
-            else (2 if layout.schedule == "dualpipev" else 1)
-        )
         if layout.schedule == "interleaved":
             pipeline = m * t_max + (sum(totals) - t_max) / layout.vpp
+            share = 1.0 / layout.vpp  # the last chunk's backward
         elif layout.schedule == "dualpipev":
             # Two chunks per device; paired micro-batches overlap forward and backward, and
-            # the weight-gradient half of each backward fills the bubble (zero-bubble style):
-            # (pp − 1) steps of the largest chunk time less its weight-gradient work.
-            unit = max(
-                max(0.0, t - 0.5 * sec.get("backward", 0.0)) / 2
-                for t, sec in zip(totals, stage_layer_seconds, strict=True)
+            # the weight-gradient half of each backward (with the FSDP traffic it carries)
+            # fills the bubble, zero-bubble style: (pp − 1) steps of the mean chunk time
+            # less that work.
+            unit = (
+                sum(
+                    max(0.0, t - 0.5 * (sec.get("backward", 0.0) + sec.get("dp_comm", 0.0))) / 2
+                    for t, sec in zip(totals, stage_layer_seconds, strict=True)
+                )
+                / pp
             )
             pipeline = m * t_max + (pp - 1) * unit
+            share = (pp - 1) / (4 * pp)  # within what one stage adds to the bubble
         else:  # 1f1b, gpipe
             pipeline = sum(totals) + (m - 1) * t_max
+            share = 1.0
         crit = stage_layer_seconds[slowest]
         parts = dict.fromkeys(TIME_PARTS, 0.0)
         for name, value in crit.items():
             parts[name] += m * value
         parts["bubble"] = max(0.0, pipeline - m * t_max)
-        window_bwd = (
-            crit.get("backward", 0.0)
-            + crit.get("recompute", 0.0)
-            - getattr(crit, "cp_hidden_backward", 0.0)
-        ) / chunks_per_stage
-        window_fwd = (
-            crit.get("forward", 0.0) - getattr(crit, "cp_hidden_forward", 0.0)
-        ) / chunks_per_stage
+        window_bwd = share * min(
+            s.get("backward", 0.0) + s.get("recompute", 0.0) - getattr(s, "cp_hidden_backward", 0.0)
+            for s in stage_layer_seconds
+        )
+        window_fwd = share * min(
+            s.get("forward", 0.0) - getattr(s, "cp_hidden_forward", 0.0)
+            for s in stage_layer_seconds
+        )
         dp, optimizer = self.data_parallel_and_optimizer(
             ctx, layout, stages, window_fwd, window_bwd
         )
@@ -742,8 +755,11 @@ class NdplanCostModel:
             gather_max = max(gather_max, gather)
         if ctx.settings.finetune == "lora":
             return 0.0, opt  # frozen base weights: nothing to reduce
-        dp = max(0.0, scatter_max - ov.dp * window_bwd) + max(0.0, gather_max - ov.dp * window_fwd)
-        return dp, opt
+        exposed = max(0.0, scatter_max - ov.dp * window_bwd) + max(
+            0.0, gather_max - ov.dp * window_fwd
+        )
+        hidden = scatter_max + gather_max - exposed
+        return exposed + self._calibration(ctx).interference * hidden, opt
 
     def _optimizer_s(
         self, ctx: PricingContext, layout: Layout, dense: float, expert: float
@@ -753,10 +769,11 @@ class NdplanCostModel:
         params = dense / shard_dense + expert / shard_expert
         state = {"adam": 12, "sgd": 8, "muon": 8}[ctx.settings.optimizer]
         if layout.offload_optimizer:
-            # Gradients down and parameters up over the host link; the CPU update runs at
-            # memory speed on the host (taken as the host link's rate, the tighter bound).
+            # Gradients down and parameters up over the host link, and the update on the
+            # device's share of the host CPU.
             host = ctx.device.host_link.bytes_per_s
-            return params * (4 + 2) / host + params * (state * 2 + 4) / (host * 4)
+            cpu = self.efficiency(ctx).host_optimizer_params_per_s
+            return params * (4 + 2) / host + params / cpu
         # Read master, grad and moments; write master, moments and the bf16 copy.
         return self._hbm_s(ctx, params * (state + 4 + state + 2))
 

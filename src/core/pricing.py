@@ -244,6 +244,9 @@ class Pricer:
             layout.vpp,
             layout.schedule,
             layout.dp if layout.pp > 1 else 0,
+            # ZeRO-3/FSDP gathers and scatters per micro-batch: their exposed time depends
+            # on the data-parallel group and the micro-batch count too.
+            (layout.dp, layout.pp, layout.num_microbatches) if layout.zero >= 3 else None,
         )
         cache = self.ctx.cache
         found = cache.get(key)

@@ -57,13 +57,31 @@ FIELDS = (
     "offload_optimizer",
     "recompute",
     "schedule",
+    "split",
 )
-Candidate = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int]
+Candidate = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int]
+SPLITS = ("even", "embedding+loss as layers")
+"""How decoder layers split over chunks: evenly (the remainder to middle chunks), or with the
+embedding and the loss each counted as one layer (Megatron's account-for-embedding/loss:
+the first and last chunks take one layer fewer), which splits 126 layers into 32 chunks."""
 
 
-def candidate_layout(c: Candidate) -> Layout:
-    """A Layout from a candidate tuple, without re-validating (the loop nest only builds valid ones)."""
-    tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched = c
+def split_counts(num_layers: int, chunks: int, split: int) -> tuple[int, ...] | None:
+    """Layers per chunk for a split code (None: the even split)."""
+    if split == 0:
+        return None
+    base = (num_layers + 2) // chunks
+    counts = [base] * chunks
+    counts[0] -= 1
+    counts[-1] -= 1
+    return tuple(counts)
+
+
+def candidate_layout(c: Candidate, num_layers: int | None = None) -> Layout:
+    """A Layout from a candidate tuple, without re-validating (the loop nest only builds valid
+    ones). ``num_layers`` is needed only for candidates with an uneven split."""
+    tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched, split = c
+    chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
     return Layout.model_construct(
         dp=dp,
         tp=tp,
@@ -79,7 +97,7 @@ def candidate_layout(c: Candidate) -> Layout:
         schedule=SCHEDULES[sched],
         recompute=RECOMPUTES[rec],
         offload_optimizer=bool(offload),
-        layers_per_stage=None,
+        layers_per_stage=split_counts(num_layers, chunks, split) if split else None,
     )
 
 
@@ -89,13 +107,14 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
     d["offload_optimizer"] = bool(d["offload_optimizer"])
     d["recompute"] = RECOMPUTES[d["recompute"]]
     d["schedule"] = SCHEDULES[d["schedule"]]
+    d["split"] = SPLITS[d["split"]]
     return d
 
 
 def tie_key(c: Candidate) -> tuple[int, ...]:
     """The fixed order of degrees that breaks ranking ties."""
-    tp, pp, cp, dp, ep, etp, vpp, mbs, _m, zero, sp, offload, rec, sched = c
-    return (tp, pp, cp, ep, etp, vpp, dp, mbs, zero, sp, offload, rec, sched)
+    tp, pp, cp, dp, ep, etp, vpp, mbs, _m, zero, sp, offload, rec, sched, split = c
+    return (tp, pp, cp, ep, etp, vpp, dp, mbs, zero, sp, offload, rec, sched, split)
 
 
 def divisors(n: int) -> list[int]:
@@ -119,6 +138,10 @@ class Enumeration:
     refusals: list[tuple[dict[str, Any], str]]
     refused: Counter = field(default_factory=Counter)
     generated: int = 0
+    batch_ok: int = 0
+    """(tp, pp, cp, dp) combinations whose dp divides the global batch."""
+    batch_dps: set[int] = field(default_factory=set)
+    """Data-parallel degrees that reached the batch check (past the tp/pp/cp rules)."""
 
 
 @dataclass(frozen=True)
@@ -162,6 +185,13 @@ def enumerate_candidates(
             out.refusals.append((degrees, reason))
 
     zeros = [z for z in fw.zero_stages if _allowed(space.zero, z)]
+    if not zeros:
+        # Fix: a ZeRO stage the framework lacks refused nothing by name and ended in
+        # "no layout survived the refusal rules" (exit 1); it is invalid input, as in estimate.
+        raise InvalidInputError(
+            f"zero({'|'.join(map(str, space.zero or ()))}) is not offered by {fw.name} "
+            f"(offers {', '.join(map(str, fw.zero_stages))})"
+        )
     offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
     schedules_allowed = space.schedule
@@ -192,9 +222,11 @@ def enumerate_candidates(
                 dp = n // (tp * pp * cp)
                 if not _allowed(space.dp, dp):
                     continue
+                out.batch_dps.add(dp)
                 if gbs % dp:
                     refuse("batch_not_divisible_by_dp", tp=tp, pp=pp, cp=cp, dp=dp)
                     continue
+                out.batch_ok += 1
                 eps = [1]
                 if experts is not None:
                     group = dp * cp * (tp if fw.expert_tp else 1)
@@ -216,8 +248,15 @@ def enumerate_candidates(
                             if expert_width is not None and expert_width % etp:
                                 refuse("etp_not_dividing_expert_ffn", etp=etp)
                                 continue
-                            for vpp, sched in _schedules(
-                                pp, m, num_layers, fw.schedules, space, schedules_allowed, refuse
+                            for vpp, sched, split in _schedules(
+                                pp,
+                                m,
+                                num_layers,
+                                fw.schedules,
+                                space,
+                                schedules_allowed,
+                                refuse,
+                                fw.uneven_pipeline,
                             ):
                                 for zero in zeros:
                                     if zero == 0 and dp * cp == 1 and len(zeros) > 1:
@@ -251,11 +290,12 @@ def enumerate_candidates(
                                                     int(offload),
                                                     rec,
                                                     SCHEDULES.index(sched),
+                                                    split,
                                                 )
                                                 out.generated += 1
                                                 reason = None
                                                 for name, rule in rules:
-                                                    if rule(candidate_layout(c), ctx):
+                                                    if rule(candidate_layout(c, num_layers), ctx):
                                                         reason = name
                                                         break
                                                 if reason is not None:
@@ -277,11 +317,12 @@ def _schedules(
     space: SearchSpace,
     allowed: tuple[str, ...] | None,
     refuse: Callable[..., None],
-) -> Iterable[tuple[int, str]]:
-    """(vpp, schedule) pairs for one pipeline depth."""
+    uneven: bool = True,
+) -> Iterable[tuple[int, str, int]]:
+    """(vpp, schedule, split) for one pipeline depth."""
     if pp == 1:
         if _allowed(space.vpp, 1):
-            yield 1, "1f1b"
+            yield 1, "1f1b", 0
         return
     for sched in ("1f1b", "gpipe", "dualpipev"):
         if sched in offered and (
@@ -290,27 +331,41 @@ def _schedules(
             if sched == "dualpipev" and num_layers < 2 * pp:
                 continue
             if _allowed(space.vpp, 1):
-                yield 1, sched
+                yield 1, sched, 0
     if "interleaved" not in offered or (allowed is not None and "interleaved" not in allowed):
         return
     for vpp in range(2, num_layers // pp + 1):
         if not _allowed(space.vpp, vpp):
             continue
-        if num_layers % (pp * vpp):
+        if num_layers % (pp * vpp) == 0:
+            split = 0
+        elif uneven and (num_layers + 2) % (pp * vpp) == 0 and (num_layers + 2) // (pp * vpp) >= 2:
+            split = 1
+        else:
             continue  # not a refusal: only layer counts that split evenly are offered
         if m % pp:
             refuse(
                 "interleaved_needs_microbatches_multiple_of_pp", pp=pp, vpp=vpp, num_microbatches=m
             )
             continue
-        yield vpp, "interleaved"
+        yield vpp, "interleaved", split
 
 
 def reachable_batches(
-    ctx: PricingContext, space: SearchSpace, near: int, count: int = 6
+    ctx: PricingContext,
+    space: SearchSpace,
+    near: int,
+    count: int = 6,
+    dps: Iterable[int] | None = None,
 ) -> list[int]:
-    """Global batch sizes near ``near`` that some data-parallel degree divides."""
+    """Global batch sizes near ``near`` that some data-parallel degree divides.
+
+    ``dps``: the degrees that passed the tp/pp/cp rules (from the enumeration); without
+    them a dp reachable only through a refused tp (e.g. beyond the scale-up domain, or
+    not dividing the heads) was offered as a fix that cannot work."""
     n = ctx.cluster.num_devices
+    if dps is not None:
+        return _near_multiples(near, sorted(set(dps)), count)
     dps = sorted(
         {
             n // (tp * pp * cp)
@@ -323,8 +378,14 @@ def reachable_batches(
             and _allowed(space.dp, n // (tp * pp * cp))
         }
     )
-    found = []
-    for delta in range(0, 4 * near + 1):
+    return _near_multiples(near, dps, count)
+
+
+def _near_multiples(near: int, dps: list[int], count: int) -> list[int]:
+    found: list[int] = []
+    # Fix: search far enough to reach a multiple of the largest degree (the window was
+    # 4·near, so e.g. gbs 7 with dp 64 listed nothing).
+    for delta in range(0, max(4 * near, count * max(dps, default=1)) + 1):
         for value in (near - delta, near + delta):
             if value > 0 and value not in found and any(value % d == 0 for d in dps):
                 found.append(value)
@@ -370,12 +431,12 @@ class SearchPricing:
         stages perfectly balanced, no embedding, head, data-parallel or optimizer time.
         1F1B/GPipe: ``W·(1 + (m − 1)/pp)``; interleaved and DualPipeV: ``m·W/pp``, where W
         is one micro-batch through all layers."""
-        tp, pp, cp, _dp, ep, etp, _vpp, mbs, m, _zero, sp, _offload, _rec, sched = c
+        tp, pp, cp, _dp, ep, etp, _vpp, mbs, m, _zero, sp, _offload, _rec, sched, _split = c
         key = ("quick", tp, cp, sp and tp > 1, ep, etp, mbs, sched == 3)
         ctx = self.pricer.ctx
         w = ctx.cache.get(key)
         if w is None:
-            layout = candidate_layout(c)
+            layout = candidate_layout(c, self.pricer.ctx.model.num_layers)
             cost = self.pricer.cost
             w = 0.0
             for kind, count in ctx.model.kind_counts():
@@ -391,9 +452,13 @@ class SearchPricing:
         out = []
         pricer = self.pricer
         for c in candidates:
-            layout = candidate_layout(c)
+            layout = candidate_layout(c, self.pricer.ctx.model.num_layers)
             miss = pricer.lightest_miss(layout)
-            if miss is not None:
+            # Fix: the shortcut reports the overflow at full recompute; a fixed policy is
+            # priced below as stated, so its overflow (and the closest-miss line) matches
+            # `ndplan estimate` of that layout (it reported a mix of the policy's static
+            # memory and fully recomputed activations, i.e. no real layout's number).
+            if miss is not None and layout.recompute == "auto":
                 out.append(Screened(False, math.inf, miss.stage, miss.over_bytes))
                 continue
             if layout.recompute == "auto":
@@ -413,7 +478,7 @@ class SearchPricing:
     def price(self, candidates: Sequence[Candidate]) -> list[Priced]:
         out = []
         for c in candidates:
-            layout = candidate_layout(c)
+            layout = candidate_layout(c, self.pricer.ctx.model.num_layers)
             priced = self.pricer.price(layout)
             mem = tim = None
             if self.debug:
@@ -491,14 +556,22 @@ def search(
     if hooks.refusal is not None:
         for degrees, reason in enum.refusals:
             hooks.refusal(degrees, reason)
-    if not enum.candidates and enum.refused.get("batch_not_divisible_by_dp") == sum(
-        enum.refused.values()
-    ):
-        near = reachable_batches(ctx, settings.space, ctx.job.global_batch_size)
+    # Fix (tests/unit/test_search.py): the batch is unreachable when no (tp, pp, cp, dp)
+    # that reached the batch check passed it. Comparing the batch count with *every*
+    # refusal missed this whenever a cheaper rule also fired (e.g. tp 16 beyond the
+    # scale-up domain on 16 devices), and such inputs exited 1 ("no layout survived")
+    # instead of 3 with the reachable batches.
+    if not enum.candidates and enum.refused.get("batch_not_divisible_by_dp") and not enum.batch_ok:
+        near = reachable_batches(ctx, settings.space, ctx.job.global_batch_size, dps=enum.batch_dps)
         raise InvalidInputError(
             f"global batch {ctx.job.global_batch_size} cannot be split over {ctx.cluster.num_devices} devices by any "
             f"allowed layout; reachable batches near it: {', '.join(map(str, near))}"
         )
+    if enum.generated == 0:
+        # Fix: fixed or listed values that no layout satisfies (e.g. --tp 3 on 8 devices, or
+        # a ZeRO stage the framework lacks) are invalid input (exit 3), not "no feasible
+        # plan" (exit 1, "no layout survived the refusal rules" — no rule had refused any).
+        raise InvalidInputError(_empty_space_message(ctx, settings.space))
     t_enum = time.perf_counter()
 
     def remote(kind: str):
@@ -584,7 +657,7 @@ def search(
     plans: list[Plan] = []
     pricer = pricing.pricer
     for rank, (_, _, _, i, _) in enumerate(results[:k], start=1):
-        priced = pricer.price(candidate_layout(candidates[i]))
+        priced = pricer.price(candidate_layout(candidates[i], ctx.model.num_layers))
         plans.append(pricer.plan(priced, rank=rank))
     t_end = time.perf_counter()
     summary = SearchSummary(
@@ -618,13 +691,42 @@ class SearchOutcome:
     ranking: tuple[tuple[dict[str, Any], Priced], ...]
 
 
+def _empty_space_message(ctx: PricingContext, space: SearchSpace) -> str:
+    names = ("tp", "pp", "cp", "dp", "ep", "etp", "vpp", "mbs", "zero", "sp", "schedule")
+    stated = [
+        f"{name} {'|'.join(str(v) for v in getattr(space, name))}"
+        for name in names
+        if getattr(space, name) is not None
+    ]
+    return (
+        f"no layout of {ctx.cluster.num_devices} devices matches the search space"
+        f"{' (' + ', '.join(stated) + ')' if stated else ''}: tp·pp·cp·dp must equal the "
+        f"device count, dp·mbs must divide the global batch ({ctx.job.global_batch_size}), and "
+        f"zero and the schedule must be ones {ctx.framework.name} offers; change a fixed value"
+    )
+
+
 def _closest_message(ctx: PricingContext, closest: tuple[int, int, Candidate] | None) -> str:
     if closest is None:
         return "no layout survived the refusal rules; widen the search space"
     over, stage, c = closest
     d = candidate_dict(c)
-    degrees = " ".join(f"{k} {d[k]}" for k in ("tp", "pp", "cp", "dp", "ep", "mbs") if k in d)
+    # Fix: name the whole layout. The line left out vpp, etp, sp, the schedule, optimizer
+    # offload and the recompute policy, so the miss could not be reproduced with
+    # `ndplan estimate` (the closest miss is often an offloaded layout), and it claimed
+    # "even with full recompute" for a fixed policy that was priced as stated.
+    keys = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "mbs", "zero")
+    degrees = " ".join(f"{k} {d[k]}" for k in keys)
+    auto = d["recompute"] == "auto"
+    extras = [
+        f"sp {'on' if d['sp'] else 'off'}",
+        d["schedule"],
+        f"recompute {'full' if auto else d['recompute']}",
+    ]
+    if d["offload_optimizer"]:
+        extras.append("optimizer offloaded")
     return (
-        f"no layout fits in {ctx.budget_bytes / GiB:.2f} GiB per device even with full recompute; closest: "
-        f"{degrees} zero {d['zero']} is over by {over / GiB:.2f} GiB on stage {stage}"
+        f"no layout fits in {ctx.budget_bytes / GiB:.2f} GiB per device"
+        f"{' even with full recompute' if auto else ''}; closest: "
+        f"{degrees} ({', '.join(extras)}) is over by {over / GiB:.2f} GiB on stage {stage}"
     )

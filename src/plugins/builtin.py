@@ -60,9 +60,28 @@ def ndplan_register_knapsack_solvers(registry):
 
 @hookimpl(trylast=True)
 def ndplan_register_executors(registry):
+    import importlib.util
+
     from ndplan.adapters.executors.serial import SerialExecutor
 
     registry.add("serial", lambda jobs=1, options=None: SerialExecutor())
+    registry.add("pool", _pool)
+    # Ray is an optional extra; finding it is cheap, importing it is not (it is
+    # imported when a ray executor is opened).
+    if importlib.util.find_spec("ray") is not None:
+        registry.add("ray", _ray)
+
+
+def _pool(jobs=2, options=None):
+    from ndplan.adapters.executors.pool import PoolExecutor
+
+    return PoolExecutor(jobs, plugins=(options or {}).get("plugins") or ())
+
+
+def _ray(jobs=2, options=None):
+    from ndplan.adapters.executors.ray_executor import RayExecutor
+
+    return RayExecutor(jobs, address=(options or {}).get("ray_address"))
 
 
 @hookimpl(trylast=True)

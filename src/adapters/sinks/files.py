@@ -50,6 +50,16 @@ def _fmt(value: Any) -> Any:
     return value
 
 
+def _row(candidate: Mapping[str, Any], parts: Mapping[str, float], kind: str) -> dict[str, Any]:
+    """One CSV row: the candidate's fields, then its parts. Fix: a part named like a field
+    (the time part ``recompute``, in seconds) overwrote the field (the recompute policy)
+    in ``debug_perf.csv``; such a part is now ``time.recompute`` (as in --ranking-csv)."""
+    row = dict(candidate)
+    for name, value in parts.items():
+        row[f"{kind}.{name}" if name in candidate else name] = value
+    return row
+
+
 class _Buffered:
     name = "buffered"
 
@@ -68,11 +78,11 @@ class _Buffered:
 
     def memory(self, candidate: Mapping[str, Any], parts: Mapping[str, float]) -> None:
         self.leading = self.leading or list(candidate)
-        self.memory_rows.append({**candidate, **parts})
+        self.memory_rows.append(_row(candidate, parts, "memory"))
 
     def time(self, candidate: Mapping[str, Any], parts: Mapping[str, float]) -> None:
         self.leading = self.leading or list(candidate)
-        self.time_rows.append({**candidate, **parts})
+        self.time_rows.append(_row(candidate, parts, "time"))
 
     def refusal(self, candidate: Mapping[str, Any], reason: str) -> None:
         self.refusal_rows.append({**candidate, "reason": reason})

@@ -1,0 +1,113 @@
+"""Faults while pricing: which candidate failed, and whose code raised.
+
+An exception while pricing one candidate becomes one line naming the candidate
+and the error. It is a plugin error (exit 4) when the innermost frame of the
+traceback that belongs either to ndplan or to a plugin belongs to a plugin — a
+module the run loaded with ``-p``/``NDPLAN_PLUGINS`` or an ``ndplan`` entry
+point, or one of their submodules — and an internal error (exit 5) otherwise.
+Frames of other libraries (numpy, the standard library) are skipped, so a
+plugin that divides by zero in numpy is still the plugin's fault.
+
+The same guard runs in the main process (serial pricing) and in every worker, so
+the message and the exit code do not depend on the executor.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from importlib import metadata
+from typing import Any
+
+from ndplan.core.errors import InternalError, NdplanError, PluginError
+from ndplan.core.search import Candidate, SearchPricing, candidate_dict
+
+ENTRY_POINT_GROUP = "ndplan"
+
+
+def describe_candidate(c: Candidate) -> str:
+    """``tp=2 pp=4 … schedule=1f1b``: every degree of one candidate, for error lines."""
+    return " ".join(f"{k}={v}" for k, v in candidate_dict(c).items())
+
+
+def entry_point_modules() -> tuple[str, ...]:
+    """Modules of the plugins registered under the ``ndplan`` entry-point group."""
+    try:
+        return tuple(sorted({ep.module for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}))
+    except Exception:  # a broken distribution's metadata must not hide the real error
+        return ()
+
+
+def _owner(module: str, plugins: Iterable[str]) -> str | None:
+    for name in plugins:
+        if module == name or module.startswith(name + "."):
+            return name
+    return None
+
+
+def plugin_origin(exc: BaseException, plugins: Iterable[str]) -> str | None:
+    """The plugin module whose code raised ``exc``, or None when ndplan's own code did."""
+    owners = (*plugins, *entry_point_modules())
+    for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
+        module = str(frame.f_globals.get("__name__", ""))
+        owner = _owner(module, owners)
+        if owner is not None:
+            return owner
+        if module == "ndplan" or module.startswith("ndplan."):
+            return None
+    return None
+
+
+def classify(exc: Exception, what: str, plugins: Iterable[str]) -> NdplanError:
+    """One-line error for an exception raised while working on ``what``."""
+    error = f"{type(exc).__name__}: {exc}"
+    owner = plugin_origin(exc, plugins)
+    if owner is not None:
+        return PluginError(f"{what}: plugin '{owner}' raised {error}")
+    return InternalError(
+        f"{what}: internal error: {error} (rerun with NDPLAN_DEBUG=1 for a traceback)"
+    )
+
+
+def per_item(
+    fn: Callable[[Sequence[Any]], list[Any]],
+    items: Sequence[Any],
+    plugins: Iterable[str],
+    describe: Callable[[Any], str] = describe_candidate,
+) -> list[Any]:
+    """``fn`` over ``items`` one at a time, so a failure names the item that failed.
+
+    ndplan's own errors (invalid input, strict-mode assumptions, plugin errors already
+    classified) pass through unchanged; anything else is classified.
+    """
+    out: list[Any] = []
+    for item in items:
+        try:
+            out.extend(fn([item]))
+        except NdplanError:
+            raise
+        except Exception as exc:
+            raise classify(exc, f"candidate {describe(item)}", plugins) from exc
+    return out
+
+
+class GuardedPricing(SearchPricing):
+    """SearchPricing whose every candidate failure names the candidate and its origin."""
+
+    def __init__(self, pricing: SearchPricing, plugins: Iterable[str] = ()) -> None:
+        super().__init__(pricing.pricer, debug=pricing.debug)
+        self.plugins = tuple(plugins)
+
+    def quick_bound(self, c: Candidate) -> float:
+        try:
+            return super().quick_bound(c)
+        except NdplanError:
+            raise
+        except Exception as exc:
+            raise classify(exc, f"candidate {describe_candidate(c)}", self.plugins) from exc
+
+    def screen(self, candidates):
+        return per_item(super().screen, candidates, self.plugins)
+
+    def price(self, candidates):
+        return per_item(super().price, candidates, self.plugins)

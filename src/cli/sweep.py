@@ -1,0 +1,359 @@
+"""``ndplan sweep``: many searches in one command, one row per scenario.
+
+Scenarios are every combination of models × device types × device counts × global
+batch sizes × sequence lengths, from a YAML file, flags, or both (flags replace the
+file's values). Each scenario is one task on the selected executor (serial, pool or
+Ray) and becomes one row: its best plan, or why it has none.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.text import Text
+
+from ndplan.core.assumptions import AssumptionRecorder
+from ndplan.core.errors import ExitCode, InvalidInputError
+from ndplan.core.frameworks import traits_for
+from ndplan.core.model import MoEFFN
+from ndplan.core.units import GiB
+from ndplan.planner import Planner
+from ndplan.sweep import ROW_FIELDS, Scenario, SweepRecipe, run_sweep
+
+from .common import CalibrationOpt, FrameworkOpt, JobInputs, MaxMemOpt, PrecisionOpt
+from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
+from .options import DeviceFiles, Json, Strict, state
+from .output import print_json, stdout, table, write_atomic
+from .search import SPACE_KEYS, build_space, load_space_file
+
+GRID_KEYS = ("model", "device", "devices", "gbs", "seq_len")
+"""What varies: each a scalar or a list; every combination is one scenario."""
+SHARED_KEYS = ("precision", "framework", "max_mem", "space")
+"""What applies to every scenario."""
+FILE_KEYS = (*GRID_KEYS, *SHARED_KEYS, "scenarios")
+FLAGS = {
+    "model": "-m/--model",
+    "device": "-d/--device",
+    "devices": "-n/--devices",
+    "gbs": "--gbs",
+    "seq_len": "-s/--seq-len",
+}
+
+
+def load_sweep_file(path: Path) -> dict[str, Any]:
+    """A sweep YAML: grid keys (scalars or lists), shared settings, optional ``scenarios``."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read the sweep file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InvalidInputError(f"{path}: expected a mapping with keys {', '.join(FILE_KEYS)}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name not in FILE_KEYS:
+            raise InvalidInputError(f"{path}: unknown key '{key}'; known: {', '.join(FILE_KEYS)}")
+        out[name] = value
+    scenarios = out.get("scenarios")
+    if scenarios is not None:
+        if not isinstance(scenarios, list) or not all(isinstance(s, dict) for s in scenarios):
+            raise InvalidInputError(f"{path}: 'scenarios' must be a list of mappings")
+        for i, entry in enumerate(scenarios):
+            for key in entry:
+                if str(key).replace("-", "_") not in GRID_KEYS:
+                    raise InvalidInputError(
+                        f"{path}: scenarios[{i}]: unknown key '{key}'; known: {', '.join(GRID_KEYS)}"
+                    )
+    return out
+
+
+def _values(key: str, value: Any, where: str) -> list[Any]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise InvalidInputError(f"{where}{key}: an empty list gives no scenario")
+    kind = str if key in ("model", "device") else int
+    out = []
+    for v in values:
+        if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InvalidInputError(f"{where}{key}: expected positive integers, got {v!r}")
+        if kind is str and not isinstance(v, str | int | float):
+            raise InvalidInputError(f"{where}{key}: expected names, got {v!r}")
+        out.append(kind(v))
+    return out
+
+
+def expand(file_values: dict[str, Any], flags: dict[str, list[Any] | None]) -> list[dict]:
+    """Every (model, device, devices, gbs, seq_len) combination, in grid order.
+
+    Flags replace the file's top-level values; entries of ``scenarios`` are grids of
+    their own, taking missing keys from the top level."""
+    top = {k: file_values[k] for k in GRID_KEYS if k in file_values}
+    top.update({k: v for k, v in flags.items() if v})
+    entries = [
+        {**top, **{str(k).replace("-", "_"): v for k, v in e.items()}}
+        for e in file_values.get("scenarios") or [{}]
+    ]
+    out: list[dict] = []
+    for i, entry in enumerate(entries):
+        where = f"scenarios[{i}]: " if file_values.get("scenarios") else ""
+        missing = [k for k in GRID_KEYS if k not in entry]
+        if missing:
+            raise InvalidInputError(
+                f"{where}missing {', '.join(missing)}: give "
+                + ", ".join(FLAGS[k] for k in missing)
+                + " or set them in the sweep file"
+            )
+        axes = [_values(k, entry[k], where) for k in GRID_KEYS]
+        out.extend(dict(zip(GRID_KEYS, combo, strict=True)) for combo in itertools.product(*axes))
+    return out
+
+
+def rows_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(ROW_FIELDS), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow(
+            {
+                k: repr(v) if isinstance(v, float) else ("" if v is None else v)
+                for k, v in row.items()
+            }
+        )
+    return buf.getvalue()
+
+
+def rows_table(rows: list[dict]):
+    out = []
+    for i, r in enumerate(rows, start=1):
+        head = (i, r["model"], r["device"], r["devices"], r["gbs"], r["seq_len"])
+        if r["status"] != "ok":
+            out.append((*head, *[""] * 12, f"{r['status']}: {r['reason']}"))
+            continue
+        pp = f"{r['pp']}" + (f"×{r['vpp']}" if r["vpp"] > 1 else "")
+        out.append(
+            (
+                *head,
+                r["tp"],
+                pp,
+                r["cp"],
+                r["dp"],
+                r["ep"] if r["ep"] > 1 else "",
+                f"{r['mbs']}×{r['num_microbatches']}",
+                r["zero"],
+                r["recompute"],
+                f"{r['step_s']:.3f}",
+                f"{r['tokens_per_s_per_device']:,.0f}",
+                f"{100 * r['mfu']:.1f}%",
+                f"{r['peak_gib']:.1f}",
+                "ok",
+            )
+        )
+    return table(
+        "sweep: best plan per scenario",
+        [
+            ("#", "right"),
+            "model",
+            "device",
+            ("n", "right"),
+            ("gbs", "right"),
+            ("seq", "right"),
+            ("tp", "right"),
+            ("pp", "right"),
+            ("cp", "right"),
+            ("dp", "right"),
+            ("ep", "right"),
+            ("mbs×m", "right"),
+            ("zero", "right"),
+            "recompute",
+            ("step s", "right"),
+            ("tok/s/dev", "right"),
+            ("MFU", "right"),
+            ("peak GiB", "right"),
+            "status",
+        ],
+        out,
+    )
+
+
+def sweep_cmd(
+    ctx: typer.Context,
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            metavar="FILE",
+            help="A sweep YAML: model, device, devices, gbs, seq_len (each a value or a "
+            "list), precision, framework, max_mem, space, scenarios.",
+            show_default=False,
+        ),
+    ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--model", "-m", help="Model preset or config (repeatable).", show_default=False
+        ),
+    ] = None,
+    device: Annotated[
+        list[str] | None,
+        typer.Option("--device", "-d", help="Device type (repeatable).", show_default=False),
+    ] = None,
+    devices: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--devices", "-n", min=1, help="Device count (repeatable).", show_default=False
+        ),
+    ] = None,
+    gbs: Annotated[
+        list[int] | None,
+        typer.Option("--gbs", min=1, help="Global batch size (repeatable).", show_default=False),
+    ] = None,
+    seq_len: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--seq-len", "-s", min=1, help="Sequence length (repeatable).", show_default=False
+        ),
+    ] = None,
+    precision: PrecisionOpt = None,
+    framework: FrameworkOpt = None,
+    max_mem: MaxMemOpt = None,
+    space_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--space",
+            help="A search-space YAML applied to every scenario (as in `ndplan search`).",
+            show_default=False,
+        ),
+    ] = None,
+    calibration: CalibrationOpt = None,
+    strict: Strict = False,
+    as_json: Json = False,
+    csv_out: Annotated[
+        Path | None,
+        typer.Option("--csv", help="Write every scenario's row as CSV.", show_default=False),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite output files that exist.")
+    ] = False,
+    jobs: JobsOpt = None,
+    executor: ExecutorOpt = None,
+    ray_address: RayAddressOpt = None,
+    device_file: DeviceFiles = None,
+) -> None:
+    """Run many searches — models × device types × device counts × batch sizes × sequence
+    lengths — and print the best plan of each (or why it has none).
+
+    Exit 0 when at least one scenario has a plan, 1 when none has.
+
+    Example: ndplan sweep -m llama-3-8b -m llama-3-70b -d h100 -n 64 -n 128 --gbs 512 -s 8192
+
+    Example: ndplan sweep sweep.yaml --executor ray --ray-address ray://head:10001 --csv out.csv
+    """
+    st = state(ctx)
+    # Workers start before anything is parsed, so their imports overlap that work.
+    with open_executor(
+        st, jobs=jobs, name=executor, ray_address=ray_address, verbosity=st.verbosity
+    ) as pool:
+        if csv_out is not None and csv_out.exists() and not force:
+            raise InvalidInputError(f"{csv_out}: exists; pass --force to overwrite it")
+        file_values = load_sweep_file(file) if file is not None else {}
+        flags = {
+            "model": model,
+            "device": device,
+            "devices": devices,
+            "gbs": gbs,
+            "seq_len": seq_len,
+        }
+        combos = expand(file_values, flags)
+        precision = precision if precision is not None else file_values.get("precision")
+        framework = framework if framework is not None else file_values.get("framework")
+        max_mem = max_mem if max_mem is not None else file_values.get("max_mem")
+        if max_mem is not None and (not isinstance(max_mem, int | float) or max_mem <= 0):
+            raise InvalidInputError(f"max_mem: must be a positive number of GiB, got {max_mem!r}")
+        if space_file is not None:
+            space_values = load_space_file(space_file)
+        else:
+            space_values = _inline_space(file_values.get("space"), file)
+        planner = Planner(st.components(device_file))
+        recorder = AssumptionRecorder(strict=strict)
+        specs = {
+            name: planner.model(name, recorder)
+            for name in dict.fromkeys(c["model"] for c in combos)
+        }
+        devs = {name: planner.device(name) for name in dict.fromkeys(c["device"] for c in combos)}
+        scenarios = []
+        for c in combos:
+            job = JobInputs(c["gbs"], c["seq_len"], precision, framework, None, None).job()
+            spec = specs[c["model"]]
+            space = build_space(
+                vary=None,
+                fixed={},
+                file_values=space_values,
+                is_moe=any(isinstance(k.ffn, MoEFFN) for k in spec.kinds),
+                default_zero=traits_for(job.framework or "megatron").default_zero,
+                max_tp=None,
+            )
+            scenarios.append(
+                Scenario(
+                    model_name=c["model"],
+                    model=spec,
+                    device=devs[c["device"]],
+                    num_devices=c["devices"],
+                    job=job,
+                    space=space,
+                    capacity_bytes=int(max_mem * GiB) if max_mem is not None else None,
+                )
+            )
+        recipe = SweepRecipe(
+            plugins=planner.components.plugin_modules,
+            disabled=planner.components.disabled,
+            calibration=planner.calibration(calibration),
+            strict=strict,
+            token=uuid.uuid4().hex,
+        )
+        rows = run_sweep(pool, recipe, scenarios)
+        if csv_out is not None:
+            write_atomic(csv_out, rows_csv(rows), force=True)
+        if as_json:
+            print_json({"scenarios": rows})
+        else:
+            stdout.print(rows_table(rows))
+            found = sum(r["status"] == "ok" for r in rows)
+            stdout.print(
+                Text(f"{len(rows)} scenarios · {found} with a plan · {len(rows) - found} without")
+            )
+    if not any(r["status"] == "ok" for r in rows):
+        raise typer.Exit(int(ExitCode.NO_FEASIBLE_PLAN))
+
+
+def _inline_space(value: Any, file: Path | None) -> dict[str, Any]:
+    """The sweep file's ``space:`` mapping, read like a ``--space`` file."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidInputError(
+            f"{file}: 'space' must be a mapping of dimension → value, list or auto"
+        )
+    out: dict[str, Any] = {}
+    for key, v in value.items():
+        name = str(key).lower()
+        name = {"offload": "offload_optimizer"}.get(name, name)
+        if name not in SPACE_KEYS:
+            raise InvalidInputError(
+                f"{file}: space: unknown key '{key}'; known: {', '.join(sorted(SPACE_KEYS))}"
+            )
+        out[name] = v
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sweep")(sweep_cmd)

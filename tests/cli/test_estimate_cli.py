@@ -1,0 +1,311 @@
+"""``ndplan estimate`` (issue 4): one layout's memory per stage, whether it fits, its time.
+
+- ``--memory-mode megatron --json`` reproduces Megatron-LM's estimate for every row of
+  ``megatron_reference_vectors.csv`` (a config.json per row with the row's shapes);
+- bad input is exit 3 with one line on stderr and no traceback; malformed flags stay
+  click's exit 2;
+- ``--json`` prints one plan with its layout, memory per stage (parts by name), time
+  parts and rates; the human output prints memory per stage and whether it fits;
+- ``--recompute auto`` prints per-stage layer ranges and finds a plan that fits where
+  no recompute does not.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ndplan.cli import output
+from ndplan.cli.app import run
+from ndplan.core.errors import ExitCode
+
+# = tests/conftest.py::SHARED_DATA
+SHARED_DATA = Path(__file__).resolve().parents[1] / "data" / "shared"
+MIB = 2**20
+LLAMA_8B = ("-m", "llama-3.1-8b", "-d", "h100-sxm")
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(output.stdout, "_width", 200)  # tables at 200 columns
+
+
+def invoke(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = run(["estimate", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def estimate_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+    code, out, err = invoke(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)  # exactly one JSON document on stdout
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert lines[0].startswith("ndplan: error: ")
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ----------------------------------------------------------------------------- megatron mode
+
+
+def reference_rows() -> list[dict[str, str]]:
+    with (SHARED_DATA / "megatron_reference_vectors.csv").open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+ROWS = reference_rows()
+
+
+def write_config(path: Path, r: dict[str, str]) -> Path:
+    cfg: dict = {
+        "model_type": "llama",
+        "hidden_size": int(r["hidden"]),
+        "num_hidden_layers": int(r["layers"]),
+        "num_attention_heads": int(r["heads"]),
+        "num_key_value_heads": int(r["kv_groups"]),
+        "head_dim": int(r["kv_channels"]),
+        "intermediate_size": int(r["ffn_hidden"]),
+        "vocab_size": int(r["vocab_padded"]),
+        "tie_word_embeddings": r["untied"] != "true",
+        "hidden_act": "silu",
+        "max_position_embeddings": int(r["seq_len"]),
+        "rms_norm_eps": 1e-5,
+    }
+    if r["num_experts"]:
+        cfg.update(
+            model_type="mixtral",
+            num_local_experts=int(r["num_experts"]),
+            num_experts_per_tok=int(r["topk"]),
+            intermediate_size=int(r["moe_ffn_hidden"]),
+        )
+    out = path / "config.json"
+    out.write_text(json.dumps(cfg), encoding="utf-8")
+    return out
+
+
+def row_flags(r: dict[str, str]) -> list[str]:
+    tp, pp, dp, mbs = int(r["tp"]), int(r["pp"]), int(r["dp"]), int(r["micro_batch"])
+    flags = [
+        "-d", "h100-sxm",
+        "-n", str(tp * pp * dp),
+        "--gbs", str(dp * mbs * int(r["num_microbatches"])),
+        "-s", r["seq_len"],
+        "--tp", str(tp),
+        "--pp", str(pp),
+        "--ep", r["ep"],
+        "--mbs", str(mbs),
+        "--zero", "1" if r["distributed_optimizer"] == "true" else "0",
+        "--sp" if r["sequence_parallel"] == "true" else "--no-sp",
+        "--recompute", r["recompute"],
+        "--memory-mode", "megatron",
+    ]  # fmt: skip
+    if r["vpp"]:
+        flags += ["--vpp", r["vpp"], "--schedule", "interleaved"]
+    return flags
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r["case"] for r in ROWS])
+def test_megatron_mode_reproduces_the_reference_vectors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, row: dict[str, str]
+) -> None:
+    config = write_config(tmp_path, row)
+    plan = estimate_json(capsys, "-m", str(config), *row_flags(row))
+    mem = plan["memory"]
+    assert mem["mode"] == "megatron"
+    assert mem["weights_and_optimizer_bytes"] / MIB == pytest.approx(
+        float(row["weight_and_optimizer_MiB_head"]), abs=0.01
+    )
+    column = {"sp": "activation_MiB_sp_formula", "nosp": "activation_MiB_nosp_formula"}
+    assert mem["activation_bytes"] / MIB == pytest.approx(
+        float(row[column[row["formula_used"]]]), abs=0.01
+    )
+    assert plan["layout"]["vpp"] == (int(row["vpp"]) if row["vpp"] else 1)
+    assert plan["layout"]["sp"] == (row["sequence_parallel"] == "true")
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_unknown_device_suggests_near_names(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = invoke(capsys, "-m", "llama-3.1-8b", "-d", "h100-sx", "-n", "8", "--gbs", "8",
+                            "-s", "4096")  # fmt: skip
+    assert code == ExitCode.INVALID_INPUT
+    line = one_error_line(err)
+    assert "h100-sx" in line and "did you mean" in line and "h100-sxm" in line
+    assert out == ""
+
+
+def test_degrees_not_multiplying_to_the_devices_print_the_arithmetic(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = invoke(capsys, *LLAMA_8B, "-n", "8", "--gbs", "6", "-s", "4096", "--tp", "2",
+                          "--dp", "3")  # fmt: skip
+    assert code == ExitCode.INVALID_INPUT
+    assert "tp(2)·pp(1)·cp(1)·dp(3) = 6 ≠ devices(8)" in one_error_line(err)
+
+    code, _, err = invoke(capsys, *LLAMA_8B, "-n", "8", "--gbs", "8", "-s", "4096", "--tp", "3")
+    assert code == ExitCode.INVALID_INPUT
+    assert "tp(3)·pp(1)·cp(1) = 3 does not divide devices(8)" in one_error_line(err)
+
+
+def test_tp_not_dividing_the_heads(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = invoke(capsys, *LLAMA_8B, "-n", "6", "--gbs", "2", "-s", "4096", "--tp", "3")
+    assert code == ExitCode.INVALID_INPUT
+    assert "tp(3) does not divide the attention heads(32)" in one_error_line(err)
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "-0.5"])
+def test_non_positive_max_mem(capsys: pytest.CaptureFixture[str], value: str) -> None:
+    code, out, err = invoke(capsys, *LLAMA_8B, "-n", "8", "--gbs", "8", "-s", "4096",
+                            "--max-mem", value)  # fmt: skip
+    assert code == ExitCode.INVALID_INPUT
+    assert "--max-mem" in one_error_line(err)
+    assert out == ""
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ("--tp", "abc"),
+        ("--tp", "0"),
+        ("--bogus",),
+        ("--zero", "7"),
+        ("--max-mem", "lots"),
+    ],
+    ids=["tp-not-int", "tp-zero", "unknown-flag", "zero-out-of-range", "max-mem-not-number"],
+)
+def test_malformed_flags_stay_clicks_exit_2(
+    capsys: pytest.CaptureFixture[str], flags: tuple[str, ...]
+) -> None:
+    code, _, err = invoke(capsys, *LLAMA_8B, "-n", "8", "--gbs", "8", "-s", "4096", *flags)
+    assert code == ExitCode.USAGE
+    assert "Traceback" not in err
+
+
+def test_a_missing_required_flag_is_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = invoke(capsys, *LLAMA_8B, "-n", "8", "-s", "4096")
+    assert code == ExitCode.USAGE
+    assert "--gbs" in err
+
+
+def test_the_installed_entry_point_gives_exit_3_and_one_line() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", "from ndplan.cli.app import main; main()", "estimate",
+         *LLAMA_8B, "-n", "8", "--gbs", "8", "-s", "4096", "--max-mem", "-5"],
+        capture_output=True, text=True, check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+    assert proc.returncode == ExitCode.INVALID_INPUT
+    assert proc.stdout == ""
+    one_error_line(proc.stderr)
+
+
+# ----------------------------------------------------------------------------- output
+
+LAYOUT_KEYS = {
+    "dp", "tp", "pp", "vpp", "cp", "ep", "etp", "mbs", "num_microbatches", "zero", "sp",
+    "schedule", "recompute", "offload_optimizer",
+}  # fmt: skip
+
+
+def test_json_prints_one_plan_with_the_documented_keys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    plan = estimate_json(capsys, *LLAMA_8B, "-n", "16", "--gbs", "32", "-s", "4096",
+                         "--tp", "2", "--pp", "2", "--recompute", "selective")  # fmt: skip
+    assert set(plan["layout"]) >= LAYOUT_KEYS
+    lay = plan["layout"]
+    assert (lay["dp"], lay["tp"], lay["pp"], lay["num_microbatches"]) == (4, 2, 2, 8)
+    assert lay["zero"] == 1 and lay["sp"] is True  # megatron's defaults, recorded as assumed
+    mem = plan["memory"]
+    assert isinstance(mem["peak_bytes"], int) and isinstance(mem["fits"], bool)
+    assert len(mem["stages"]) == 2
+    for stage in mem["stages"]:
+        assert isinstance(stage["total_bytes"], int)
+        parts = stage["parts"]
+        assert {"activations", "weights", "gradients", "optimizer", "reserve"} <= set(parts)
+        assert all(isinstance(k, str) and isinstance(v, int) for k, v in parts.items())
+        assert stage["total_bytes"] == sum(parts.values())
+    assert mem["peak_bytes"] == max(s["total_bytes"] for s in mem["stages"])
+    assert "embedding_activations" in mem["stages"][0]["parts"]
+    assert "loss_activations" in mem["stages"][1]["parts"]
+    time = plan["time"]
+    assert time["step_s"] > 0
+    assert time["parts"] and all(isinstance(v, float) for v in time["parts"].values())
+    assert sum(time["parts"].values()) == pytest.approx(time["step_s"])
+    for key in ("tokens_per_s_per_device", "mfu", "hfu"):
+        assert isinstance(plan[key], float) and plan[key] > 0
+    assert plan["hfu"] >= plan["mfu"]
+
+
+def test_human_output_prints_memory_per_stage_and_whether_it_fits(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = invoke(capsys, *LLAMA_8B, "-n", "16", "--gbs", "32", "-s", "4096",
+                            "--tp", "2", "--pp", "2")  # fmt: skip
+    assert code == 0, err
+    assert "memory per device, GiB" in out
+    header = next(line for line in out.splitlines() if "stage 0" in line and "part" in line)
+    assert "stage 1" in header
+    for part in ("activations", "weights", "gradients", "optimizer", "reserve", "total"):
+        assert re.search(rf"\b{part}\b\s*│\s*[\d.]+\s*│\s*[\d.]+", out), part
+    assert re.search(r"peak [\d.]+ GiB on stage [01]; budget [\d.]+ GiB of [\d.]+ GiB — fits", out)
+
+    code, out, err = invoke(capsys, *LLAMA_8B, "-n", "16", "--gbs", "32", "-s", "4096",
+                            "--tp", "2", "--pp", "2", "--max-mem", "10")  # fmt: skip
+    assert code == 0, err
+    assert re.search(r"— DOES NOT FIT \(over by [\d.]+ GiB\)", out)
+
+
+# ----------------------------------------------------------------------------- recompute auto
+
+TIGHT = ("-n", "8", "--gbs", "64", "-s", "8192", "--tp", "2", "--pp", "2", "--mbs", "2",
+         "--max-mem", "50")  # fmt: skip
+RANGE = r"\d+(?:-\d+)? [a-z_+]+"
+
+
+def test_recompute_auto_fits_where_none_does_not(capsys: pytest.CaptureFixture[str]) -> None:
+    none = estimate_json(capsys, *LLAMA_8B, *TIGHT, "--recompute", "none")
+    auto = estimate_json(capsys, *LLAMA_8B, *TIGHT, "--recompute", "auto")
+    assert not none["memory"]["fits"]
+    assert auto["memory"]["fits"]
+    assert auto["memory"]["peak_bytes"] <= auto["memory"]["budget_bytes"]
+    options = {r["option"] for r in auto["recompute"]}
+    assert options - {"none"}, "auto had to recompute something"
+    # The ranges cover each stage's layers exactly once, in order.
+    for stage in auto["memory"]["stages"]:
+        ranges = [r for r in auto["recompute"] if r["stage"] == stage["stage"]]
+        covered = [i for r in ranges for i in range(r["start"], r["stop"])]
+        expected = [i for start, stop in stage["layers"] for i in range(start, stop)]
+        assert covered == expected
+    # It recomputes only what it must: faster than recomputing everything.
+    full = estimate_json(capsys, *LLAMA_8B, *TIGHT, "--recompute", "full")
+    assert auto["time"]["step_s"] < full["time"]["step_s"]
+
+
+def test_recompute_auto_prints_layer_ranges_per_stage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = invoke(capsys, *LLAMA_8B, *TIGHT, "--recompute", "auto")
+    assert code == 0, err
+    lines = out.splitlines()
+    at = lines.index("recompute:")
+    ranges = [line.strip() for line in lines[at + 1 :] if line.startswith("  stage ")]
+    assert [line.split(":")[0] for line in ranges] == ["stage 0", "stage 1"]
+    for line in ranges:
+        assert re.fullmatch(rf"stage \d+: layers {RANGE}(?:, {RANGE})*", line), line
+    assert ranges[0].startswith("stage 0: layers 0-")
+    assert "— fits" in out

@@ -1,0 +1,521 @@
+"""``ndplan search`` and ``ndplan demo`` (issue 7, spec/search.md § Outputs,
+spec/interfaces.md): what varies (-l/--vary, fixed flags, --space YAML), the ranking
+table and summary line, ``--json`` (the shape of ``estimate --json`` plus a rank),
+``--ranking-csv`` (never clobbered without --force), the debug sinks (built in and a
+plugin's, fed the same records), a plugin's refusal rule, and the exit codes of a
+problem with no plan (1) or an unreachable batch (3)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ndplan.cli import output
+from ndplan.cli.app import run
+from ndplan.core.search import FIELDS
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+SMALL = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "2048", "-j", "1")
+# Memory is tight: per-layer recompute mixes show up in the top plans.
+TIGHT = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "32", "-s", "4096")
+TIGHT += ("--max-mem", "24", "-j", "1")
+LAYOUT_KEYS = {
+    "dp",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "mbs",
+    "num_microbatches",
+    "zero",
+    "sp",
+    "schedule",
+    "recompute",
+    "offload_optimizer",
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG", "NDPLAN_JOBS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(output.stdout, "_width", 400)  # the summary line on one line
+    monkeypatch.syspath_prepend(str(PLUGINS))
+
+
+def invoke(capsys, *argv: str) -> tuple[int, str, str]:
+    code = run(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def search_json(capsys, *argv: str) -> dict:
+    code, out, err = invoke(capsys, "search", *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if not line.startswith("assumed:")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("ndplan: error: ") and "Traceback" not in err
+    return lines[0]
+
+
+def without_seconds(data: dict) -> dict:
+    return {**data, "summary": {k: v for k, v in data["summary"].items() if k != "seconds"}}
+
+
+def layout_flags(layout: dict) -> list[str]:
+    """``ndplan estimate`` flags for a layout from ``--json``."""
+    flags = []
+    for key in ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "mbs", "zero"):
+        flags += [f"--{key}", str(layout[key])]
+    flags += ["--sp" if layout["sp"] else "--no-sp", "--schedule", layout["schedule"]]
+    flags += ["--recompute", layout["recompute"]]
+    if layout["offload_optimizer"]:
+        flags.append("--offload-optimizer")
+    return flags
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+# ----------------------------------------------------------------------------- --json
+
+
+def test_json_is_a_summary_and_plans_shaped_like_estimate_plus_a_rank(capsys) -> None:
+    data = search_json(capsys, *TIGHT, "--top", "4")
+    s = data["summary"]
+    assert set(s) == {"generated", "refused", "over_memory", "bounded", "priced", "seconds"}
+    assert set(s["seconds"]) == {"enumerate", "memory", "bound", "price", "total"}
+    assert all(isinstance(v, int) and v > 0 for v in s["refused"].values())
+    assert (
+        s["generated"]
+        == sum(s["refused"].values()) + s["over_memory"] + s["bounded"] + (s["priced"])
+    )
+    assert s["over_memory"] > 0 and s["bounded"] > 0
+    assert set(data) >= {"summary", "plans"}
+    plans = data["plans"]
+    assert [p["rank"] for p in plans] == [1, 2, 3, 4]
+    steps = [p["time"]["step_s"] for p in plans]
+    assert steps == sorted(steps)
+    mixed = 0
+    for plan in plans:
+        layout = plan["layout"]
+        assert set(layout) >= LAYOUT_KEYS
+        assert layout["recompute"] == "auto"
+        code, out, err = invoke(capsys, "estimate", *TIGHT[:-2], *layout_flags(layout), "--json")
+        assert code == 0, err
+        est = json.loads(out)
+        # exactly the estimate's shape, plus a rank
+        assert set(plan) == set(est) | {"rank"}
+        assert est.get("rank") is None
+        assert set(plan["layout"]) == set(est["layout"])
+        assert set(plan["memory"]) == set(est["memory"])
+        assert set(plan["time"]) == set(est["time"])
+        for key in ("tokens_per_s_per_device", "mfu", "hfu"):
+            assert isinstance(plan[key], float) and plan[key] > 0
+        # re-estimating the layout with --recompute auto reproduces the plan
+        assert est["time"]["step_s"] == plan["time"]["step_s"]
+        assert est["memory"]["peak_bytes"] == plan["memory"]["peak_bytes"]
+        assert est["memory"]["peak_stage"] == plan["memory"]["peak_stage"]
+        assert {k: v for k, v in est.items() if k != "rank"} == {
+            k: v for k, v in plan.items() if k != "rank"
+        }
+        mixed += len({r["option"] for r in plan["recompute"]}) > 1
+    assert mixed, "the case is meant to exercise per-layer recompute"
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def test_the_table_summary_line_and_assumptions(capsys) -> None:
+    data = search_json(capsys, *TIGHT, "--top", "4")
+    code, out, err = invoke(capsys, "search", *TIGHT, "--top", "4")
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if "tok/s/dev" in line)
+    cols = [c.strip() for c in header.strip("┃ ").split("┃")]
+    assert cols == [
+        "#",
+        "tp",
+        "pp",
+        "cp",
+        "dp",
+        "ep",
+        "mbs×m",
+        "zero",
+        "sp",
+        "offl",
+        "recompute",
+        "peak GiB",
+        "step s",
+        "tok/s/dev",
+        "MFU",
+        "time shares %",
+    ]
+    rows = [
+        [c.strip() for c in line.strip("│ ").split("│")]
+        for line in out.splitlines()
+        if re.match(r"│\s*\d+\s*│", line)
+    ]
+    assert len(rows) == 4
+    for row, plan in zip(rows, data["plans"], strict=True):
+        lay, mem, t = plan["layout"], plan["memory"], plan["time"]
+        pp = f"{lay['pp']}" + (f"×{lay['vpp']}" if lay["vpp"] > 1 else "")
+        assert row[:8] == [
+            str(plan["rank"]),
+            str(lay["tp"]),
+            pp,
+            str(lay["cp"]),
+            str(lay["dp"]),
+            "",
+            f"{lay['mbs']}×{lay['num_microbatches']}",
+            str(lay["zero"]),
+        ]
+        assert row[8] == ("on" if lay["sp"] and lay["tp"] > 1 else "")
+        options = {r["option"] for r in plan["recompute"]}
+        assert all(o in row[10] for o in options)
+        assert row[11] == f"{mem['peak_bytes'] / 2**30:.1f} (s{mem['peak_stage']})"
+        assert row[12] == f"{t['step_s']:.3f}"
+        assert row[13] == f"{plan['tokens_per_s_per_device']:,.0f}"
+        assert row[14] == f"{100 * plan['mfu']:.1f}%"
+        shares = dict(zip(row[15].split()[::2], map(int, row[15].split()[1::2]), strict=True))
+        assert {"fwd", "bwd"} <= set(shares) and 95 <= sum(shares.values()) <= 105
+        assert shares["fwd"] == round(100 * t["parts"]["forward"] / t["step_s"])
+    s = data["summary"]
+    line = next(line for line in out.splitlines() if line.startswith("generated "))
+    m = re.fullmatch(
+        r"generated ([\d,]+) · refused ([\d,]+)(?: \((.*)\))? · over memory ([\d,]+) · "
+        r"bounded ([\d,]+) · priced ([\d,]+) · [\d.]+ s \(enumerate [\d.]+, memory [\d.]+, "
+        r"bound [\d.]+, price [\d.]+\)",
+        line.strip(),
+    )
+    assert m, line
+    num = [int(g.replace(",", "")) for g in m.group(1, 2, 4, 5, 6)]
+    assert num == [
+        s["generated"],
+        sum(s["refused"].values()),
+        s["over_memory"],
+        s["bounded"],
+        s["priced"],
+    ]
+    reasons = dict(r.rsplit(" ", 1) for r in m.group(3).split(", "))
+    assert {k: int(v.replace(",", "")) for k, v in reasons.items()} == s["refused"]
+    assert "best plan:" in out
+    assumed = [line for line in err.splitlines() if line.startswith("assumed: ")]
+    assert len(assumed) == 1 and "job.precision=bf16" in assumed[0]
+    assert assumed[0].removeprefix("assumed: ").split("; ") == data["assumptions"]
+
+
+def test_top_k_lists_k_plans(capsys) -> None:
+    assert len(search_json(capsys, *SMALL, "--top", "2")["plans"]) == 2
+    assert len(search_json(capsys, *SMALL)["plans"]) == 10  # the default
+
+
+# ----------------------------------------------------------------------------- the space
+
+
+def ranking(capsys, tmp_path: Path, *argv: str) -> tuple[dict, list[dict[str, str]]]:
+    out = tmp_path / f"ranking-{len(list(tmp_path.iterdir()))}.csv"
+    data = search_json(capsys, *argv, "--exhaustive", "--ranking-csv", str(out))
+    return data, read_csv(out)
+
+
+@pytest.mark.parametrize(
+    "vary", [["-l", "TP,PP"], ["--vary", "TP", "--vary", "PP"], ["-l", "TP PP"], ["-l", "tp,pp"]]
+)
+def test_vary_names_the_dimensions_searched(capsys, tmp_path: Path, vary) -> None:
+    data, rows = ranking(capsys, tmp_path, *SMALL, *vary)
+    assert {(r["tp"], r["pp"]) for r in rows} >= {("1", "1"), ("2", "2"), ("8", "1")}
+    # the rest stay at their defaults
+    assert {
+        (r["cp"], r["mbs"], r["vpp"], r["zero"], r["recompute"], r["offload_optimizer"])
+        for r in rows
+    } == {("1", "1", "1", "1", "none", "False")}
+    baseline = search_json(capsys, *SMALL, "-l", "TP,PP", "--exhaustive")
+    assert without_seconds(data) == without_seconds(baseline)
+
+
+def test_vary_with_space_separated_names_needs_quotes(capsys) -> None:
+    """``-l TP PP`` (two words) is click's extra-argument error: exit 2; ``-l "TP PP"``,
+    ``-l TP,PP`` and ``-l TP -l PP`` are the supported spellings."""
+    code, _, err = invoke(capsys, "search", *SMALL, "-l", "TP", "PP")
+    assert code == 2 and "unexpected extra argument" in err.lower()
+    code, _, err = invoke(capsys, "search", *SMALL, "-l", "TP,XX")
+    assert code == 3 and "XX" in one_error_line(err)
+
+
+def test_a_fixed_degree_is_the_only_value_searched(capsys, tmp_path: Path) -> None:
+    data, rows = ranking(capsys, tmp_path, *SMALL, "--tp", "8", "--top", "3")
+    assert rows and {r["tp"] for r in rows} == {"8"}
+    assert {p["layout"]["tp"] for p in data["plans"]} == {8}
+    _, rows = ranking(capsys, tmp_path, *SMALL, "--tp", "2", "--mbs", "2", "--zero", "3")
+    assert {(r["tp"], r["mbs"], r["zero"]) for r in rows} == {("2", "2", "3")}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--tp", "2", "-l", "TP"),
+        ("--pp", "2", "-l", "TP,PP"),
+        ("--recompute", "full", "--vary", "RECOMPUTE"),
+    ],
+)
+def test_a_dimension_both_fixed_and_varied_is_invalid_input(capsys, argv) -> None:
+    code, _, err = invoke(capsys, "search", *SMALL, *argv)
+    assert code == 3
+    assert "both fixed" in one_error_line(err)
+
+
+def test_degrees_that_cannot_multiply_out_are_invalid_input(capsys) -> None:
+    code, _, err = invoke(capsys, "search", *SMALL, "--tp", "3")
+    assert code == 3 and "tp 3" in one_error_line(err)
+
+
+def test_a_space_file_fixes_lists_and_frees_dimensions(capsys, tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(
+        "tp: [1, 2]      # candidates\n"
+        "pp: 1           # fixed\n"
+        "cp: auto        # the planner decides\n"
+        "mbs: 1\n"
+        "zero: 1\n"
+        "recompute: auto\n"
+        "offload: false\n",
+        encoding="utf-8",
+    )
+    _, rows = ranking(capsys, tmp_path, *SMALL, "--space", str(space))
+    assert {r["tp"] for r in rows} == {"1", "2"}
+    assert {(r["pp"], r["mbs"], r["zero"], r["recompute"]) for r in rows} == {
+        ("1", "1", "1", "auto")
+    }
+    assert {r["cp"] for r in rows} == {"1", "2", "4", "8"}
+    assert {r["offload_optimizer"] for r in rows} == {"False"}
+    for r in rows:
+        assert int(r["tp"]) * int(r["cp"]) * int(r["dp"]) == 8
+    # a flag still fixes what the file lists
+    _, rows = ranking(capsys, tmp_path, *SMALL, "--space", str(space), "--tp", "2")
+    assert {r["tp"] for r in rows} == {"2"}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [("tp: [1, 2\n", "not valid YAML"), ("tensor: 2\n", "unknown key"), ("- 1\n", "mapping")],
+)
+def test_a_bad_space_file_is_invalid_input(capsys, tmp_path: Path, text, says) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(text, encoding="utf-8")
+    code, _, err = invoke(capsys, "search", *SMALL, "--space", str(space))
+    assert code == 3 and says in one_error_line(err)
+    code, _, err = invoke(capsys, "search", *SMALL, "--space", str(tmp_path / "missing.yaml"))
+    assert code == 3 and "missing.yaml" in one_error_line(err)
+
+
+# ----------------------------------------------------------------------------- files out
+
+
+def test_the_ranking_csv_lists_every_kept_plan_in_rank_order(capsys, tmp_path: Path) -> None:
+    out = tmp_path / "ranking.csv"
+    data = search_json(capsys, *TIGHT, "--top", "3", "--ranking-csv", str(out))
+    rows = read_csv(out)
+    header = list(rows[0])
+    assert header[: 1 + len(FIELDS) + 3] == ["rank", *FIELDS, "step_s", "peak_bytes", "peak_stage"]
+    assert any(h.startswith("time.") for h in header) and any(
+        h.startswith("memory.") for h in header
+    )
+    assert [int(r["rank"]) for r in rows] == list(range(1, len(rows) + 1))
+    assert len(rows) == data["summary"]["priced"]
+    steps = [float(r["step_s"]) for r in rows]
+    assert steps == sorted(steps)
+    for row, plan in zip(rows, data["plans"], strict=False):
+        assert {k: row[k] for k in LAYOUT_KEYS} == {
+            k: str(v) for k, v in plan["layout"].items() if k in LAYOUT_KEYS
+        }
+        assert float(row["step_s"]) == plan["time"]["step_s"]
+        assert int(row["peak_bytes"]) == plan["memory"]["peak_bytes"]
+
+
+def test_the_ranking_csv_is_never_overwritten_without_force(capsys, tmp_path: Path) -> None:
+    out = tmp_path / "ranking.csv"
+    out.write_text("keep me\n", encoding="utf-8")
+    code, stdout, err = invoke(capsys, "search", *SMALL, "--ranking-csv", str(out))
+    assert code == 3 and "--force" in one_error_line(err) and stdout == ""
+    assert out.read_text(encoding="utf-8") == "keep me\n"
+    code, _, err = invoke(capsys, "search", *SMALL, "--ranking-csv", str(out), "--force", "--json")
+    assert code == 0, err
+    assert read_csv(out)[0]["rank"] == "1"
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+def _as_csv(row: dict, header: list[str]) -> dict[str, str]:
+    return {
+        k: repr(row[k]) if isinstance(row.get(k), float) else str(row.get(k, "")) for k in header
+    }
+
+
+def _merged(candidate: dict, parts: dict, kind: str) -> dict:
+    """A debug CSV row: the candidate's fields intact, a part named like one prefixed."""
+    return {**candidate, **{(f"{kind}.{k}" if k in candidate else k): v for k, v in parts.items()}}
+
+
+def test_debug_sinks_builtin_and_a_plugins_get_the_same_records(capsys, tmp_path: Path) -> None:
+    search_sink = pytest.importorskip("search_sink")
+    debug = tmp_path / "debug"
+    ranked = tmp_path / "ranking.csv"
+    code, out, err = invoke(
+        capsys,
+        *("-p", "search_sink", "search", *TIGHT, "--json", "--top", "3"),
+        *("--debug-dir", str(debug), "--ranking-csv", str(ranked)),
+        *("--debug-sink", "csv", "--debug-sink", "jsonl", "--debug-sink", "recorder"),
+    )
+    assert code == 0, err
+    summary = json.loads(out)["summary"]
+    assert sorted(p.name for p in debug.iterdir()) == [
+        "debug.jsonl",
+        "debug_mem.csv",
+        "debug_perf.csv",
+        "debug_refusals.csv",
+    ]
+    sink = search_sink.SINKS[-1]
+    assert sink.opened and sink.closed and sink.directory == debug
+    records = sink.records
+    # one memory and one time row per priced candidate, in the search's order
+    mem, perf = read_csv(debug / "debug_mem.csv"), read_csv(debug / "debug_perf.csv")
+    assert len(mem) == len(perf) == summary["priced"]
+    assert [[r[f] for f in FIELDS] for r in mem] == [[r[f] for f in FIELDS] for r in perf]
+    assert mem == [_as_csv(_merged(c, p, k), list(mem[0])) for k, c, p in records if k == "memory"]
+    assert perf == [_as_csv(_merged(c, p, k), list(perf[0])) for k, c, p in records if k == "time"]
+    # the candidate's recompute policy survives next to the recompute seconds
+    assert {r["recompute"] for r in perf} == {"auto"}
+    assert all(float(r["time.recompute"]) >= 0 for r in perf)
+    refusals = read_csv(debug / "debug_refusals.csv")
+    assert refusals == [
+        _as_csv({**c, "reason": r}, list(refusals[0])) for k, c, r in records if k == "refusal"
+    ]
+    jsonl = [json.loads(line) for line in (debug / "debug.jsonl").read_text().splitlines()]
+    assert jsonl == [
+        json.loads(
+            json.dumps({"record": k, "candidate": c, ("reason" if k == "refusal" else "parts"): p})
+        )
+        for k, c, p in records
+    ]
+    # refusals by reason, as the summary counts them
+    reasons = [r["reason"] for r in refusals]
+    for name, count in summary["refused"].items():
+        assert reasons.count(name) == count
+    over = [r for r in reasons if r.startswith("over_memory (")]
+    assert len(over) == summary["over_memory"] > 0
+    assert all(re.fullmatch(r"over_memory \(stage \d+ by \d+\.\d\d GiB\)", r) for r in over)
+    assert reasons.count("bounded") == summary["bounded"] > 0
+    assert len(reasons) == sum(summary["refused"].values()) + len(over) + summary["bounded"]
+    # the priced candidates are the ranking's, with the same step times
+    steps = {tuple(r[f] for f in FIELDS): r["step_s"] for r in read_csv(ranked)}
+    assert {tuple(r[f] for f in FIELDS): r["step"] for r in perf} == steps
+
+
+def test_debug_dir_alone_writes_the_csv_files(capsys, tmp_path: Path) -> None:
+    code, _, err = invoke(capsys, "search", *SMALL, "--json", "--debug-dir", str(tmp_path / "d"))
+    assert code == 0, err
+    names = sorted(p.name for p in (tmp_path / "d").iterdir())
+    assert names == ["debug_mem.csv", "debug_perf.csv", "debug_refusals.csv"]
+
+
+def test_a_debug_sink_without_a_folder_is_invalid_input(capsys) -> None:
+    code, _, err = invoke(capsys, "search", *SMALL, "--json", "--debug-sink", "jsonl")
+    assert code == 3 and "--debug-dir" in one_error_line(err)
+    code, _, err = invoke(capsys, "search", *SMALL, "--debug-dir", "x", "--debug-sink", "nope")
+    assert code == 3 and "nope" in one_error_line(err)
+
+
+def test_a_plugins_refusal_rule_is_counted_by_name(capsys) -> None:
+    search_rules = pytest.importorskip("search_rules")
+    free = search_json(capsys, *SMALL, "--exhaustive")
+    search_rules.CALLS.clear()
+    code, out, err = invoke(
+        capsys, "-p", "search_rules", "search", *SMALL, "--exhaustive", "--json"
+    )
+    assert code == 0, err
+    ruled = json.loads(out)
+    assert search_rules.CALLS, "the rule was never asked"
+    n = ruled["summary"]["refused"]["search_rules_no_cp"]
+    assert n > 0
+    assert ruled["summary"]["generated"] == free["summary"]["generated"]
+    assert all(p["layout"]["cp"] == 1 for p in ruled["plans"])
+    # what the rule refused is exactly what it no longer prices
+    assert free["summary"]["priced"] + free["summary"]["over_memory"] == (
+        ruled["summary"]["priced"] + ruled["summary"]["over_memory"] + n
+    )
+
+
+# ----------------------------------------------------------------------------- no plan
+
+
+def test_nothing_fits_exits_1_naming_the_closest_miss_as_estimate_prices_it(capsys) -> None:
+    problem = ("-m", "llama-3-70b", "-d", "h100", "-n", "8", "--gbs", "32", "-s", "4096")
+    code, out, err = invoke(capsys, "search", *problem, "--max-mem", "5", "-j", "1")
+    assert code == 1 and out == ""
+    line = one_error_line(err)
+    m = re.search(
+        r"closest: (?P<deg>[a-z0-9 ]+) \((?P<extra>[^)]*)\) is over by (?P<by>\d+\.\d\d) GiB "
+        r"on stage (?P<stage>\d+)$",
+        line,
+    )
+    assert m, line
+    words = m["deg"].split()
+    degrees = dict(zip(words[::2], words[1::2], strict=True))
+    extra = m["extra"].split(", ")
+    flags = []
+    for key, value in degrees.items():
+        flags += [f"--{key}", value]
+    flags += ["--sp" if extra[0] == "sp on" else "--no-sp", "--schedule", extra[1]]
+    flags += ["--recompute", extra[2].removeprefix("recompute ")]
+    if "optimizer offloaded" in extra:
+        flags.append("--offload-optimizer")
+    code, out, err = invoke(capsys, "estimate", *problem, "--max-mem", "5", *flags, "--json")
+    assert code == 0, err
+    est = json.loads(out)["memory"]
+    assert not est["fits"]
+    assert f"{(est['peak_bytes'] - est['budget_bytes']) / 2**30:.2f}" == m["by"]
+    assert est["peak_stage"] == int(m["stage"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "divisor"),
+    [
+        (("-n", "8", "--gbs", "7", "--dp", "2"), 2),  # a prime batch, dp fixed
+        (("-n", "8", "--gbs", "4", "--tp", "1", "--pp", "1", "--cp", "1"), 8),  # dp 8 > gbs
+        (("-n", "16", "--gbs", "7", "--dp", "2"), 2),  # was exit 1 (tp 16 refused first)
+    ],
+)
+def test_an_unreachable_batch_exits_3_listing_reachable_ones(capsys, argv, divisor) -> None:
+    base = ("-m", "llama-3-8b", "-d", "h100", "-s", "2048", "-j", "1")
+    code, _, err = invoke(capsys, "search", *base, *argv)
+    assert code == 3
+    line = one_error_line(err)
+    listed = [int(v) for v in line.split("reachable batches near it: ")[1].split(", ")]
+    assert listed and all(v % divisor == 0 for v in listed)
+    fixed = list(argv)
+    fixed[fixed.index("--gbs") + 1] = str(listed[0])
+    code, _, err = invoke(capsys, "search", *base, *fixed, "--json", "--top", "1")
+    assert code == 0, err
+
+
+# ----------------------------------------------------------------------------- demo
+
+
+def test_demo_runs_and_prints_a_ranking(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NDPLAN_JOBS", "1")
+    code, out, err = invoke(capsys, "demo")
+    assert code == 0, err
+    assert "best layouts" in out and "Llama 3 70B on 64" in out
+    assert re.search(r"│\s*1\s*│", out) and "generated " in out
+    assert err.startswith("ndplan demo: ")

@@ -1,0 +1,153 @@
+"""``ndplan sweep`` (spec/interfaces.md): many searches in one command — models × device
+types × device counts × batches × sequence lengths — one row per scenario with its best
+plan or why it has none (a failed scenario is a row, not a crash), ``--json``/``--csv``."""
+
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ndplan.cli.app import run
+from ndplan.sweep import ROW_FIELDS
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = REPO / "tests" / "plugins"
+
+SWEEP_YAML = """\
+    # every combination of the top-level lists is one scenario, unless `scenarios` lists grids
+    model: llama-3-8b
+    device: [h100, a100-80gb]
+    devices: [8, 16]
+    gbs: 64
+    seq_len: 2048
+    space: {pp: 1, cp: 1}
+    scenarios:
+      - {}                                   # the top-level grid: 2 device types × 2 counts
+      - {model: llama-3-70b, devices: 1}     # nothing fits on one device
+      - {gbs: 100, device: h100}             # tp 1 pp 1 cp 1 below: dp = devices, 100 unreachable
+"""
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_JOBS", "NDPLAN_DEBUG", "NDPLAN_DISABLE_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture
+def sweep_file(tmp_path: Path) -> Path:
+    path = tmp_path / "sweep.yaml"
+    path.write_text(textwrap.dedent(SWEEP_YAML), encoding="utf-8")
+    return path
+
+
+def sweep_json(capsys, *args: str, code: int = 0) -> list[dict]:
+    assert run(["sweep", *args, "--json"]) == code, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)["scenarios"]
+
+
+def test_flags_give_every_combination_in_order(capsys) -> None:
+    rows = sweep_json(
+        capsys,
+        *["-m", "llama-3-8b", "-d", "h100", "-n", "8", "-n", "16", "--gbs", "64"],
+        *["--gbs", "128", "-s", "2048", "-j", "1"],
+    )
+    assert [(r["devices"], r["gbs"]) for r in rows] == [(8, 64), (8, 128), (16, 64), (16, 128)]
+    for r in rows:
+        assert list(r) == list(ROW_FIELDS)
+        assert r["status"] == "ok" and r["reason"] is None
+        assert r["tp"] * r["pp"] * r["cp"] * r["dp"] == r["devices"]
+        assert r["mbs"] * r["num_microbatches"] * r["dp"] == r["gbs"]
+        assert r["step_s"] > 0 and 0 < r["mfu"] < 1 and 0 < r["peak_gib"] <= 80
+        assert r["tokens_per_s_per_device"] > 0
+
+
+def test_failed_scenarios_are_rows_not_crashes(capsys, sweep_file: Path) -> None:
+    space = sweep_file.parent / "space.yaml"
+    space.write_text("tp: 1\npp: 1\ncp: 1\n", encoding="utf-8")
+    rows = sweep_json(capsys, str(sweep_file), "-j", "1")
+    assert [(r["model"], r["device"], r["devices"], r["gbs"]) for r in rows] == [
+        ("llama-3-8b", "h100-sxm", 8, 64),
+        ("llama-3-8b", "h100-sxm", 16, 64),
+        ("llama-3-8b", "a100-80gb", 8, 64),
+        ("llama-3-8b", "a100-80gb", 16, 64),
+        ("llama-3-70b", "h100-sxm", 1, 64),
+        ("llama-3-70b", "a100-80gb", 1, 64),
+        ("llama-3-8b", "h100-sxm", 8, 100),
+        ("llama-3-8b", "h100-sxm", 16, 100),
+    ]
+    statuses = [r["status"] for r in rows]
+    assert statuses[:4] == ["ok"] * 4 and statuses[4:6] == ["infeasible"] * 2
+    assert all(r["pp"] == 1 and r["cp"] == 1 for r in rows[:4])  # the file's space applies
+    assert "no layout fits" in rows[4]["reason"] and rows[4]["tp"] is None
+    # With --space fixing tp, pp and cp, dp is the device count, and 100 is unreachable.
+    rows = sweep_json(capsys, str(sweep_file), "-j", "1", "--space", str(space))
+    assert [r["status"] for r in rows[6:]] == ["invalid", "invalid"]
+    assert "reachable batches near it" in rows[6]["reason"]
+
+
+def test_table_and_csv(capsys, sweep_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out" / "rows.csv"
+    assert run(["sweep", str(sweep_file), "-j", "1", "--csv", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "sweep: best plan per scenario" in printed
+    assert "8 scenarios · 6 with a plan · 2 without" in printed
+    assert "infeasible: no layout fits" in printed
+    rows = list(csv.DictReader(out.open(encoding="utf-8")))
+    assert list(rows[0]) == list(ROW_FIELDS) and len(rows) == 8
+    assert rows[4]["status"] == "infeasible" and rows[4]["tp"] == ""
+    assert [p.name for p in out.parent.iterdir()] == ["rows.csv"]  # no temporary left
+    # Never overwritten without --force (checked before anything runs).
+    assert run(["sweep", str(sweep_file), "-j", "1", "--csv", str(out)]) == 3
+    assert "--force" in capsys.readouterr().err
+
+
+def test_no_feasible_scenario_exits_1(capsys) -> None:
+    rows = sweep_json(
+        capsys, "-m", "llama-3-70b", "-d", "h100", "-n", "1", "--gbs", "8", "-s", "2048", code=1
+    )
+    assert [r["status"] for r in rows] == ["infeasible"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-m", "llama-9", "-d", "h100", "-n", "8", "--gbs", "8", "-s", "2048"], "llama-9"),
+        (["-m", "llama-3-8b", "-d", "h100", "-n", "8"], "missing gbs, seq_len"),
+        (["-m", "llama-3-8b", "-d", "h1OO", "-n", "8", "--gbs", "8", "-s", "2048"], "h1OO"),
+    ],
+)
+def test_bad_inputs_fail_the_sweep_with_one_line(capsys, args: list[str], needle: str) -> None:
+    assert run(["sweep", *args, "-j", "1"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_unknown_key_in_the_file(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("models: [llama-3-8b]\n", encoding="utf-8")
+    assert run(["sweep", str(path)]) == 3
+    assert "unknown key 'models'" in capsys.readouterr().err
+
+
+def test_a_plugin_error_aborts_the_sweep_naming_the_scenario(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    args = ["-p", "faulty_cost", "sweep", "-m", "llama-3-8b", "-d", "h100", "-n", "16"]
+    assert run([*args, "--gbs", "256", "-s", "8192", "-j", "1"]) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "scenario llama-3-8b on 16 × h100-sxm · gbs 256 · seq 8192: candidate tp=2 " in err[0]
+    assert "plugin 'faulty_cost' raised RuntimeError" in err[0]
+
+
+@pytest.mark.slow
+def test_pool_sweep_matches_serial(capsys, sweep_file: Path) -> None:
+    serial = sweep_json(capsys, str(sweep_file), "-j", "1")
+    pool = sweep_json(capsys, str(sweep_file), "-j", "2")
+    assert pool == serial

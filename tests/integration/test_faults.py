@@ -1,0 +1,238 @@
+"""Faults (spec/executors.md, "Closing"): an exception in a worker, a killed worker or
+Ctrl-C aborts the search with one line (naming the candidate and the error), the
+documented exit code (4 from a plugin, 5 internal, 130 interrupted), every worker
+terminated — no orphan processes — and no output file, not even a temporary one."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ndplan.adapters.executors.faults import classify, plugin_origin
+from ndplan.cli.app import run
+from ndplan.core.errors import InternalError, PluginError
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGINS = REPO / "tests" / "plugins"
+SMALL = ["-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "256", "-s", "8192"]
+# Pricing every candidate of the demo problem takes tens of seconds: long enough to
+# interrupt it mid-search.
+LONG = ["-m", "llama-3-70b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "8192"]
+LONG += ["--exhaustive"]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def env(**extra: str) -> dict[str, str]:
+    out = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("NDPLAN_PLUGINS", "NDPLAN_JOBS", "NDPLAN_DEBUG", "NDPLAN_DISABLE_PLUGINS")
+    }
+    out.update(NDPLAN_NO_PROGRESS="1", PYTHONPATH=str(PLUGINS), **extra)
+    return out
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from ndplan.cli.app import main; main()", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+    )
+
+
+def stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def running(pid: int) -> bool:
+    fields = stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = stat(int(entry))
+            if fields is not None and int(fields[1]) == pid:
+                out.append(int(entry))
+    return sorted(out)
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode()
+    except FileNotFoundError:
+        return ""
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = stat(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def workers_busy(proc: subprocess.Popen, count: int = 2, timeout: float = 120) -> list[int]:
+    """The pool's worker pids, once each has spent a while pricing (i.e. mid-search)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        workers = [p for p in children(proc.pid) if "spawn_main" in cmdline(p)]
+        if len(workers) == count and all(cpu_seconds(p) > 2.0 for p in workers):
+            return workers
+        time.sleep(0.1)
+    raise AssertionError("the workers never got busy")
+
+
+def assert_all_gone(pids: list[int], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if running(p)], "orphan processes left behind"
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert lines[0].startswith("ndplan: error: ")
+    return lines[0]
+
+
+def assert_no_output(folder: Path) -> None:
+    assert not folder.exists() or list(folder.iterdir()) == [], list(folder.iterdir())
+
+
+# --------------------------------------------------------------- a plugin raising
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_plugin_raising_on_a_candidate_exits_4_naming_it(jobs: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = start(
+        "-p", "faulty_cost", "search", *SMALL, "-j", jobs, "--ranking-csv", str(out / "r.csv")
+    )
+    pids: list[int] = []
+    while proc.poll() is None:  # record the workers while they live
+        pids = sorted(set(pids) | set(children(proc.pid)))
+        time.sleep(0.02)
+    _, err = proc.communicate()
+    assert proc.returncode == 4, err
+    line = one_line(err)
+    assert "candidate tp=2 " in line and " cp=2 " in line
+    assert "plugin 'faulty_cost' raised RuntimeError: faulty_cost refuses tp 2 with cp 2" in line
+    assert_all_gone(pids)
+    assert_no_output(out)
+
+
+# --------------------------------------------------------------- a worker killed
+
+
+@pytest.mark.slow
+def test_a_killed_worker_exits_5_with_one_line_and_no_orphans(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = start("search", *LONG, "-j", "2", "--ranking-csv", str(out / "r.csv"))
+    try:
+        workers = workers_busy(proc)
+        everyone = children(proc.pid)  # the workers and multiprocessing's resource tracker
+        os.kill(workers[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 5, err
+    line = one_line(err)
+    # Between batches a worker may be idle; otherwise the line names what it held.
+    assert f"worker process {workers[0]} died (killed by SIGKILL) while " in line
+    assert "while idle" in line or "while pricing tp=" in line
+    assert_all_gone(everyone)
+    assert_no_output(out)
+
+
+# --------------------------------------------------------------- Ctrl-C
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_search_exits_130_with_no_orphans(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = start("search", *LONG, "-j", "2", "--ranking-csv", str(out / "r.csv"))
+    try:
+        workers_busy(proc)
+        everyone = children(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert len(err.strip().splitlines()) <= 1, err
+    assert_all_gone(everyone)
+    assert_no_output(out)
+
+
+# --------------------------------------------------------------- in-process: the serial path
+
+
+@pytest.fixture
+def faulty(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DEBUG", "NDPLAN_JOBS"):
+        monkeypatch.delenv(var, raising=False)
+    import faulty_cost
+
+    return faulty_cost
+
+
+def test_serial_plugin_failure_is_a_plugin_error(faulty, capsys, tmp_path: Path) -> None:
+    code = run(
+        ["-p", "faulty_cost", "search", *SMALL, "-j", "1", "--ranking-csv", str(tmp_path / "r.csv")]
+    )
+    assert code == 4
+    line = one_line(capsys.readouterr().err)
+    assert "plugin 'faulty_cost' raised RuntimeError" in line and "candidate tp=2 " in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def _raise_from(fn):
+    try:
+        fn()
+    except Exception as exc:
+        return exc
+    raise AssertionError("did not raise")
+
+
+def test_the_innermost_owned_frame_decides_whose_fault(faulty) -> None:
+    from ndplan.core.search import candidate_layout
+
+    from_plugin = _raise_from(lambda: faulty.FaultyCostModel.step(None, None, _TP2_CP2, (), ()))
+    assert plugin_origin(from_plugin, ["faulty_cost"]) == "faulty_cost"
+    assert isinstance(classify(from_plugin, "candidate x", ["faulty_cost"]), PluginError)
+
+    # Code of a plugin module (or a submodule) calling into the standard library: the
+    # library's frames are skipped, the plugin is blamed.
+    plugin = {"__name__": "some_plugin.sub"}
+    exec("import json\ndef parse():\n    return json.loads('{')\n", plugin)
+    from_stdlib = _raise_from(plugin["parse"])
+    assert plugin_origin(from_stdlib, ["some_plugin"]) == "some_plugin"
+
+    # ndplan's own code raising, even when a plugin called it: internal.
+    from_ndplan = _raise_from(lambda: candidate_layout((1, 2)))
+    assert plugin_origin(from_ndplan, ["faulty_cost"]) is None
+    error = classify(from_ndplan, "candidate x", ["faulty_cost"])
+    assert isinstance(error, InternalError)
+    assert str(error).startswith("candidate x: internal error: ValueError")
+    assert "NDPLAN_DEBUG=1" in str(error)
+
+
+_TP2_CP2 = type("Layout", (), {"tp": 2, "cp": 2})()

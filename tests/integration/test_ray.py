@@ -1,0 +1,121 @@
+"""The Ray executor (spec/executors.md, "The cluster executor"): on a local instance with
+two CPUs, a search and a sweep give the same output byte for byte as in one process,
+and Ray's own logging stays off stdout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ndplan.cli.app import run
+
+ray = pytest.importorskip(
+    "ray", reason="the ray extra is not installed (pip install 'ndplan[ray]')"
+)
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+DEMO = ["-m", "llama-3-70b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "8192"]
+MOE = ["-m", "mixtral-8x7b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "4096"]
+SWEEP = ["-m", "llama-3-8b", "-m", "mixtral-8x7b", "-d", "h100", "-n", "16", "-n", "64"]
+SWEEP += ["--gbs", "256", "-s", "4096"]
+
+
+def search_outputs(tmp: Path, problem: list[str], *executor: str) -> dict[str, object]:
+    """A search's --json (without wall times), --ranking-csv and --debug-dir files, as bytes,
+    from the CLI in a fresh interpreter."""
+    tmp.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NDPLAN_")}
+    env.update(NDPLAN_NO_PROGRESS="1", RAY_USAGE_STATS_ENABLED="0")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ndplan.cli.app import main; main()",
+            "search",
+            *problem,
+            *executor,
+            "--json",
+            "--ranking-csv",
+            str(tmp / "ranking.csv"),
+            "--debug-dir",
+            str(tmp / "debug"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # stdout is exactly the JSON: no Ray log lines
+    assert proc.stdout == json.dumps(result, indent=2, ensure_ascii=False) + "\n"
+    result["summary"].pop("seconds")
+    out: dict[str, object] = {"json": result, "ranking.csv": (tmp / "ranking.csv").read_bytes()}
+    for path in sorted((tmp / "debug").iterdir()):
+        out[f"debug/{path.name}"] = path.read_bytes()
+    return out
+
+
+def test_cli_search_on_a_local_ray_instance_matches_serial(tmp_path: Path) -> None:
+    """The CLI starts (and stops) its own local instance; stdout is exactly the JSON."""
+    serial = search_outputs(tmp_path / "serial", DEMO, "-j", "1")
+    on_ray = search_outputs(tmp_path / "ray", DEMO, "--executor", "ray", "-j", "2")
+    assert set(serial) == set(on_ray)
+    for name in serial:
+        assert on_ray[name] == serial[name], f"{name} differs between serial and ray"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local instance for the in-process tests (the executor joins it, leaves it up)."""
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level=logging.ERROR,
+    )
+    yield
+    ray.shutdown()
+
+
+def _run_json(capfd: pytest.CaptureFixture, args: list[str]) -> dict:
+    assert run(args) == 0
+    out = capfd.readouterr().out
+    return json.loads(out)  # nothing but the JSON on stdout
+
+
+def test_moe_search_on_ray_matches_serial(local_ray, capfd, tmp_path: Path) -> None:
+    outputs = {}
+    for name, executor in (("serial", ["-j", "1"]), ("ray", ["--executor", "ray"])):
+        folder = tmp_path / name
+        result = _run_json(
+            capfd,
+            [
+                "search",
+                *MOE,
+                *executor,
+                "--json",
+                "--ranking-csv",
+                str(folder / "ranking.csv"),
+                "--debug-dir",
+                str(folder / "debug"),
+            ],
+        )
+        result["summary"].pop("seconds")
+        files = {p.name: p.read_bytes() for p in sorted((folder / "debug").iterdir())}
+        outputs[name] = (result, (folder / "ranking.csv").read_bytes(), files)
+    assert outputs["ray"] == outputs["serial"]
+    assert ray.is_initialized()  # the executor joined the running instance and left it up
+
+
+def test_sweep_on_ray_matches_serial(local_ray, capfd) -> None:
+    serial = _run_json(capfd, ["sweep", *SWEEP, "-j", "1", "--json"])
+    on_ray = _run_json(capfd, ["sweep", *SWEEP, "--executor", "ray", "--json"])
+    assert on_ray == serial
+    assert [r["status"] for r in serial["scenarios"]] == ["ok"] * 4

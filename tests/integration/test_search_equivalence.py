@@ -1,0 +1,233 @@
+"""Bounding and memoisation change nothing (issue 7, spec/search.md § Speed), and the
+same inputs give the same bytes in two processes.
+
+- The default search (bounded, memoised) lists exactly the top K of an unpruned,
+  unmemoised search — the same layouts, step times (float equality) and peaks — for a
+  dense model, two MoEs, and an MLA model, at 8–64 devices, with RECOMPUTE searched
+  and with fixed policies; and switching reuse off changes no priced candidate at all
+  (a memo key that leaves out an input shows up as a different step or peak).
+- ``ndplan search --json`` (apart from ``summary.seconds``) and ``--ranking-csv`` are
+  byte-identical across two processes with different hash seeds."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ndplan.bootstrap import bootstrap
+from ndplan.core.job import Job
+from ndplan.core.layout import SearchSpace
+from ndplan.planner import Planner, PricingOptions
+
+TOP = 10
+FIXED = {"zero": (1,), "offload_optimizer": (False,)}
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS"):
+            mp.delenv(var, raising=False)
+        return Planner(bootstrap(entry_points=False))
+
+
+def run_search(planner, model, n, gbs, seq, max_mem, space, *, bounding=True, memo=True):
+    opts = PricingOptions(max_mem_gib=max_mem, memoize=memo)
+    ctx = planner.context(
+        planner.model(model),
+        planner.device("h100"),
+        n,
+        Job(global_batch_size=gbs, seq_length=seq),
+        options=opts,
+    )
+    # PricingOptions.memoize acts through the context: the caches must really be off.
+    assert ctx.memoize is memo and (type(ctx.cache) is dict) is memo
+    return planner.search(ctx, space, top_k=TOP, options=opts, bounding=bounding)
+
+
+def kept(outcome) -> list[tuple]:
+    """Every kept plan: its layout, step time, peak and peak stage, in rank order."""
+    return [
+        (tuple(sorted(d.items())), p.step_s, p.peak_bytes, p.peak_stage) for d, p in outcome.ranking
+    ]
+
+
+# (model, devices, gbs, seq, max-mem GiB, space): small spaces, since pricing without
+# reuse is slow; memory is tight where noted so the per-layer knapsack picks mixes.
+CASES = {
+    "dense-auto-tight": (
+        "llama-3-8b",
+        8,
+        32,
+        4096,
+        26,
+        SearchSpace(recompute=("auto",), zero=(1, 3), offload_optimizer=(False,)),
+    ),
+    "dense-fixed-policies": (
+        "llama-3-8b",
+        16,
+        64,
+        4096,
+        40,
+        SearchSpace(recompute=("none", "selective", "full"), mbs=(1, 2), **FIXED),
+    ),
+    "dense-64-devices": (
+        "llama-3-8b",
+        64,
+        128,
+        8192,
+        40,
+        SearchSpace(recompute=("auto",), mbs=(1,), vpp=(1,), **FIXED),
+    ),
+    "dense-70b-all-schedules": (
+        "llama-3-70b",
+        32,
+        64,
+        4096,
+        None,
+        SearchSpace(
+            recompute=("auto",),
+            mbs=(1,),
+            tp=(4, 8),
+            schedule=("1f1b", "interleaved", "gpipe"),
+            **FIXED,
+        ),
+    ),
+    "moe-mixtral-auto": (
+        "mixtral-8x7b",
+        16,
+        32,
+        4096,
+        None,
+        SearchSpace(recompute=("auto",), mbs=(1,), vpp=(1,), **FIXED),
+    ),
+    "moe-qwen3-auto-tight": (
+        "qwen3-30b-a3b",
+        8,
+        16,
+        4096,
+        75,
+        SearchSpace(recompute=("auto",), mbs=(1, 2), vpp=(1,), **FIXED),
+    ),
+    "moe-qwen3-fixed": (
+        "qwen3-30b-a3b",
+        16,
+        32,
+        4096,
+        None,
+        SearchSpace(recompute=("full", "selective"), mbs=(1,), vpp=(1,), **FIXED),
+    ),
+    "mla-deepseek-auto": (
+        "deepseek-v2-lite",
+        8,
+        16,
+        4096,
+        50,
+        SearchSpace(recompute=("auto",), **FIXED),
+    ),
+    "mla-deepseek-fixed": (
+        "deepseek-v2-lite",
+        16,
+        32,
+        4096,
+        None,
+        SearchSpace(recompute=("none", "full"), mbs=(1,), vpp=(1,), **FIXED),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_bounding_and_memoisation_change_nothing(planner, case) -> None:
+    model, n, gbs, seq, max_mem, space = CASES[case]
+    default = run_search(planner, model, n, gbs, seq, max_mem, space)
+    exhaustive = run_search(planner, model, n, gbs, seq, max_mem, space, bounding=False, memo=False)
+    reused = run_search(planner, model, n, gbs, seq, max_mem, space, bounding=False)
+    ds, es = default.result.summary, exhaustive.result.summary
+    assert es.bounded == 0 and es.priced == len(exhaustive.ranking) >= TOP
+    # The same candidates, accounted the same way.
+    assert (ds.generated, ds.refused) == (es.generated, es.refused)
+    assert ds.over_memory + ds.bounded + ds.priced == es.over_memory + es.priced
+    # Reuse changes no priced candidate (the whole ranking, not just the top).
+    assert kept(reused) == kept(exhaustive)
+    assert reused.result.model_dump(exclude={"summary": {"seconds"}}) == (
+        exhaustive.result.model_dump(exclude={"summary": {"seconds"}})
+    )
+    # Bounding keeps exactly the top K: layouts, step times, peaks, and the whole plans.
+    assert kept(default)[:TOP] == kept(exhaustive)[:TOP]
+    assert default.result.plans == exhaustive.result.plans
+    assert len(default.result.plans) == TOP
+
+
+def test_the_cases_exercise_pruning_and_the_knapsack(planner) -> None:
+    """Guards the cases above against going vacuous: bounding prunes in some, and the
+    top plans mix recompute options per layer in some."""
+    pruned = mixed = 0
+    for case in CASES.values():
+        out = run_search(planner, *case)
+        pruned += out.result.summary.bounded > 0
+        mixed += any(len({r.option for r in p.recompute}) > 1 for p in out.result.plans)
+    assert pruned >= 4 and mixed >= 2
+
+
+BOUNDING_ONLY = {
+    # Larger spaces (every dimension searched); with reuse on, to keep them quick.
+    "dense-8": ("llama-3-8b", 8, 32, 4096, 24, SearchSpace(recompute=("auto",))),
+    "moe-qwen3-8": ("qwen3-30b-a3b", 8, 16, 4096, None, SearchSpace(recompute=("auto",))),
+    "mla-8": ("deepseek-v2-lite", 8, 16, 4096, None, SearchSpace(recompute=("auto",))),
+}
+
+
+@pytest.mark.parametrize("case", BOUNDING_ONLY, ids=list(BOUNDING_ONLY))
+def test_bounding_keeps_the_top_k_of_every_dimension_searched(planner, case) -> None:
+    default = run_search(planner, *BOUNDING_ONLY[case])
+    exhaustive = run_search(planner, *BOUNDING_ONLY[case], bounding=False)
+    assert default.result.summary.bounded > default.result.summary.priced  # it pruned a lot
+    assert kept(default)[:TOP] == kept(exhaustive)[:TOP]
+    assert default.result.plans == exhaustive.result.plans
+
+
+# ----------------------------------------------------------------------------- two processes
+
+CLI = [
+    *("search", "-m", "qwen3-30b-a3b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "4096"),
+    *("--max-mem", "75", "-j", "1", "--top", "12"),
+]
+MAIN = "from ndplan.cli.app import main; main()"
+SECONDS = re.compile(r'"seconds": \{[^{}]*\}')
+
+
+def run_cli(tmp_path: Path, name: str, seed: str) -> tuple[str, bytes]:
+    out = tmp_path / f"{name}.csv"
+    env = {**os.environ, "PYTHONHASHSEED": seed, "NDPLAN_NO_PROGRESS": "1"}
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG", "NDPLAN_JOBS"):
+        env.pop(var, None)
+    proc = subprocess.run(
+        [sys.executable, "-c", MAIN, *CLI, "--json", "--ranking-csv", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, out.read_bytes()
+
+
+@pytest.mark.slow
+def test_the_same_inputs_give_the_same_bytes_in_two_processes(tmp_path: Path) -> None:
+    json_a, csv_a = run_cli(tmp_path, "a", "1")
+    json_b, csv_b = run_cli(tmp_path, "b", "4242")
+    data = json.loads(json_a)
+    assert set(data["summary"]["seconds"]) == {"enumerate", "memory", "bound", "price", "total"}
+    assert len(data["plans"]) == 12 and data["summary"]["bounded"] > 0
+    # Only the wall times may differ.
+    assert SECONDS.sub('"seconds": {}', json_a) == SECONDS.sub('"seconds": {}', json_b)
+    assert len(SECONDS.findall(json_a)) == 1
+    assert csv_a == csv_b
+    assert csv_a.count(b"\n") == data["summary"]["priced"] + 1

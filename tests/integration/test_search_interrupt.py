@@ -1,0 +1,82 @@
+"""Ctrl-C during ``ndplan search`` (issue 7, spec/interfaces.md): exit 130 with one
+line, and no partial output — no ``--ranking-csv``, nothing in ``--debug-dir``, no
+temporary files, and an existing ranking file (``--force``) left as it was."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+MAIN = "from ndplan.cli.app import main; main()"
+# An unpruned search that prices for several seconds in one process.
+LONG = [
+    *("search", "-m", "mixtral-8x7b", "-d", "h100", "-n", "16", "--gbs", "32", "-s", "4096"),
+    *("--exhaustive", "-j", "1", "--json"),
+]
+
+
+def _default_sigint() -> None:
+    # A child of a shell without job control inherits SIGINT ignored; Python then never
+    # installs its KeyboardInterrupt handler. Ctrl-C in a terminal has the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def interrupt(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "NDPLAN_NO_PROGRESS": "1"}
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG", "NDPLAN_JOBS"):
+        env.pop(var, None)
+    debug = tmp_path / "debug"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", MAIN, *LONG, "--debug-dir", str(debug), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_default_sigint,
+    )
+    try:
+        # The debug folder is made just before pricing starts: then the search is running.
+        deadline = time.monotonic() + 60
+        while not debug.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(1.0)
+        assert proc.poll() is None, "the search ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def no_temporaries(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.name.endswith(".tmp")]
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_and_leaves_no_partial_files(tmp_path: Path) -> None:
+    ranking = tmp_path / "ranking.csv"
+    done = interrupt(tmp_path, "--ranking-csv", str(ranking))
+    assert done.returncode == 130, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == ["ndplan: error: interrupted"]
+    assert not ranking.exists()
+    assert not [p for p in (tmp_path / "debug").rglob("*")], "a debug file was written"
+    assert not no_temporaries(tmp_path)
+
+
+@pytest.mark.slow
+def test_ctrl_c_leaves_an_existing_ranking_file_as_it_was(tmp_path: Path) -> None:
+    ranking = tmp_path / "ranking.csv"
+    ranking.write_text("an earlier ranking\n", encoding="utf-8")
+    done = interrupt(tmp_path, "--ranking-csv", str(ranking), "--force")
+    assert done.returncode == 130, done.stderr
+    assert ranking.read_text(encoding="utf-8") == "an earlier ranking\n"
+    assert not no_temporaries(tmp_path)

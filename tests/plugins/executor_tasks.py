@@ -1,0 +1,46 @@
+"""Tasks for the executor tests, importable by spawned workers (tests/plugins is put on
+sys.path before a pool starts, and spawned workers inherit the parent's sys.path)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+LOADS = {"count": 0}
+"""Per process: how many recipes were unpickled."""
+
+
+class CountingRecipe:
+    """A recipe that counts how often a process unpickles it."""
+
+    def __init__(self, payload: int) -> None:
+        self.payload = payload
+
+    def __getstate__(self):
+        return {"payload": self.payload}
+
+    def __setstate__(self, state):
+        LOADS["count"] += 1
+        self.payload = state["payload"]
+
+
+def echo(recipe, chunk):
+    """The chunk back, with this worker's pid and how many recipes it has unpickled."""
+    return {"items": list(chunk), "pid": os.getpid(), "loads": LOADS["count"]}
+
+
+echo.describe = lambda item: f"item {item}"
+
+
+def chatty(recipe, chunk):
+    print("worker stdout should go nowhere")
+    print("worker stderr should go nowhere", file=sys.stderr)
+    return list(chunk)
+
+
+def fail_on(recipe, chunk):
+    """Raises (a plain exception: an internal error) on the item equal to the recipe."""
+    for item in chunk:
+        if item == recipe:
+            raise ZeroDivisionError(f"item {item} divides by zero")
+    return list(chunk)

@@ -1,0 +1,1199 @@
+"""The step-time model against hand-computed cases (spec/performance.md).
+
+Composition is checked with hand-made per-stage seconds fed to ``NdplanCostModel.step``;
+overlap clamps with a cost model whose layer cost is fixed by the test; GEMMs, TP, CP,
+PP, DP (per step and, under ZeRO-3/FSDP, per micro-batch) and the optimizer against the
+formulas with the catalog's H100 figures. The step is monotone: no stage getting slower,
+and no device getting a lower peak or bandwidth, makes it faster. The per-step DP windows
+are ``share × min over stages`` of the backward (+ recompute) and the forward, less the
+compute hiding the CP ring (share 1 for 1F1B/GPipe, 1/vpp interleaved, (pp − 1)/(4·pp)
+DualPipeV), and DualPipeV's bubble unit is the mean over stages of
+``max(0, t_s − (bwd_s + dp_comm_s)/2)/2``; the cases that broke monotonicity under the
+earlier composition (the critical stage's windows, the max unit counting only the
+backward as fill) are pinned at the end as regressions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from ndplan.adapters.devices.catalog import builtin_devices
+from ndplan.core.calibration import Calibration, DeviceEfficiency, Overlap
+from ndplan.core.cluster import Cluster
+from ndplan.core.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
+from ndplan.core.context import PricingContext
+from ndplan.core.job import Job
+from ndplan.core.kernels.knapsack import DefaultKnapsackSolver
+from ndplan.core.layout import Layout
+from ndplan.core.memory import NdplanMemoryModel
+from ndplan.core.model import DenseFFN, LayerKind, ModelSpec, MoEFFN, StandardAttention
+from ndplan.core.performance import (
+    FLASH_BACKWARD_FACTOR,
+    LAYER_PARTS,
+    TIME_PARTS,
+    LayerCost,
+    NdplanCostModel,
+    Op,
+    StageSeconds,
+)
+from ndplan.core.pricing import Pricer
+
+DEVICES = {d.id: d for d in builtin_devices()}
+H100 = DEVICES["h100-sxm"]
+NO_OVERHEAD = Calibration(step_overhead_s=0.0)
+H100_UP = 450e9 * 0.75  # NVLink per direction × the default scale-up bus efficiency
+H100_ALPHA = 3e-6
+
+ATTENTION = StandardAttention(num_heads=16, num_kv_heads=4, head_dim=128)
+DENSE = LayerKind(name="dense", attention=ATTENTION, ffn=DenseFFN(intermediate_size=8192))
+MOE = LayerKind(
+    name="moe",
+    attention=ATTENTION,
+    ffn=MoEFFN(num_experts=16, top_k=2, expert_intermediate_size=1024),
+)
+
+
+def dense_model(layers: int = 8) -> ModelSpec:
+    return ModelSpec(
+        name="dense", hidden_size=2048, vocab_size=32000, kinds=(DENSE,), layers=(0,) * layers
+    )
+
+
+def moe_model(layers: int = 8) -> ModelSpec:
+    return ModelSpec(
+        name="moe", hidden_size=2048, vocab_size=32000, kinds=(DENSE, MOE),
+        layers=(0,) + (1,) * (layers - 1),
+    )  # fmt: skip
+
+
+def make_ctx(
+    layout: Layout,
+    model: ModelSpec | None = None,
+    *,
+    device=H100,
+    seq: int = 4096,
+    precision: str = "bf16",
+    framework: str | None = None,
+    **job,
+) -> PricingContext:
+    model = model or dense_model()
+    return PricingContext(
+        model=model,
+        cluster=Cluster(device=device, num_devices=layout.devices),
+        job=Job(
+            global_batch_size=layout.dp * layout.mbs * layout.num_microbatches,
+            seq_length=seq,
+            precision=precision,
+            framework=framework,
+            **job,
+        ),
+    )
+
+
+def stage_secs(**parts: float) -> dict[str, float]:
+    out = dict.fromkeys((*LAYER_PARTS, "pp_comm", "dp_comm"), 0.0)
+    out.update(parts)
+    return out
+
+
+def run_step(layout: Layout, stage_seconds: list[dict[str, float]], cal: Calibration = NO_OVERHEAD):
+    ctx = make_ctx(layout)
+    cm = NdplanCostModel(cal)
+    stages = ctx.placement(layout)
+    assert len(stages) == len(stage_seconds)
+    return cm.step(ctx, layout, stages, stage_seconds)
+
+
+def pipeline_s(time) -> float:
+    """The step less what is paid once per step (DP communication, optimizer, overhead),
+    for stage seconds without a ZeRO-3 part (all of ``dp_comm`` is then per step)."""
+    p = time.parts
+    return time.step_s - p["dp_comm"] - p["optimizer"] - p["overhead"]
+
+
+def with_sync(ctx: PricingContext, sync: bool) -> PricingContext:
+    """The context's framework, gradients reduced every micro-batch (or once per step)."""
+    ctx.cache["framework"] = dataclasses.replace(ctx.framework, grad_accumulation_sync=sync)
+    return ctx
+
+
+def overlap_model(**overlap: float) -> NdplanCostModel:
+    return NdplanCostModel(Calibration(overlap={"default": Overlap(**overlap)}, step_overhead_s=0))
+
+
+def volumes(cm: NdplanCostModel, ctx: PricingContext, layout: Layout) -> list[tuple[float, float]]:
+    """Per stage, (parameter all-gather, gradient reduce-scatter) seconds (checked by hand
+    in test_dp_volumes_by_hand)."""
+    return [cm._dp_volumes(ctx, layout, s) for s in ctx.placement(layout)]
+
+
+# ----------------------------------------------------------------------------- composition
+
+
+EQUAL = stage_secs(forward=1.0, backward=2.0, recompute=0.25, tp_comm=0.5, pp_comm=0.125)
+T_EQUAL = sum(EQUAL.values())  # 3.875
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 1), (2, 8), (4, 4), (4, 8), (8, 3), (8, 64)])
+def test_1f1b_bubble_fraction_for_equal_stages(pp: int, m: int) -> None:
+    layout = Layout(pp=pp, num_microbatches=m)
+    time = run_step(layout, [dict(EQUAL) for _ in range(pp)])
+    pipe = pipeline_s(time)
+    assert math.isclose(pipe, (m + pp - 1) * T_EQUAL, rel_tol=1e-12)
+    assert math.isclose(time.parts["bubble"], (pp - 1) * T_EQUAL, rel_tol=1e-12)
+    assert math.isclose(time.parts["bubble"] / pipe, (pp - 1) / (m + pp - 1), rel_tol=1e-12)
+    # The other parts are m micro-batches of one stage.
+    for name in ("forward", "backward", "recompute", "tp_comm", "pp_comm"):
+        assert math.isclose(time.parts[name], m * EQUAL[name], rel_tol=1e-12)
+    assert time.parts["overhead"] == 0.0
+
+
+def test_no_pipeline_no_bubble() -> None:
+    time = run_step(Layout(num_microbatches=16), [dict(EQUAL)])
+    assert time.parts["bubble"] == 0.0
+    assert math.isclose(pipeline_s(time), 16 * T_EQUAL, rel_tol=1e-12)
+
+
+def test_1f1b_unequal_stages() -> None:
+    totals = [1.0, 3.0, 2.0, 2.5]
+    m = 6
+    layout = Layout(pp=4, num_microbatches=m)
+    secs = [stage_secs(forward=t / 3, backward=2 * t / 3) for t in totals]
+    time = run_step(layout, secs)
+    expected = sum(totals) + (m - 1) * max(totals)  # 8.5 + 15 = 23.5
+    assert math.isclose(pipeline_s(time), expected, rel_tol=1e-12)
+    assert math.isclose(time.parts["bubble"], expected - m * 3.0, rel_tol=1e-12)
+    # The slowest stage (index 1) sets the per-micro-batch parts.
+    assert math.isclose(time.parts["forward"], m * 1.0, rel_tol=1e-12)
+    assert math.isclose(time.parts["backward"], m * 2.0, rel_tol=1e-12)
+    assert time.stage_forward_s == pytest.approx(tuple(t / 3 for t in totals))
+    assert time.stage_backward_s == pytest.approx(tuple(2 * t / 3 for t in totals))
+
+
+def test_1f1b_slowest_stage_breaks_ties_to_the_first() -> None:
+    layout = Layout(pp=2, num_microbatches=4)
+    a = stage_secs(forward=1.0, backward=2.0)
+    b = stage_secs(forward=0.5, backward=2.5)
+    time = run_step(layout, [a, b])
+    assert time.parts["forward"] == 4 * 1.0
+    assert math.isclose(time.parts["bubble"], 3.0, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize(("pp", "vpp", "m"), [(2, 2, 4), (4, 2, 8), (2, 4, 6), (4, 2, 4)])
+def test_interleaved_bubble_is_pp_minus_one_chunk_times(pp: int, vpp: int, m: int) -> None:
+    layout = Layout(pp=pp, vpp=vpp, schedule="interleaved", num_microbatches=m)
+    time = run_step(layout, [dict(EQUAL) for _ in range(pp)])
+    assert math.isclose(time.parts["bubble"], (pp - 1) / vpp * T_EQUAL, rel_tol=1e-12)
+    assert math.isclose(pipeline_s(time), (m + (pp - 1) / vpp) * T_EQUAL, rel_tol=1e-12)
+    plain = run_step(Layout(pp=pp, num_microbatches=m), [dict(EQUAL) for _ in range(pp)])
+    assert math.isclose(time.parts["bubble"] * vpp, plain.parts["bubble"], rel_tol=1e-12)
+
+
+def test_interleaved_unequal_stages() -> None:
+    totals = [1.0, 3.0, 2.0, 2.5]
+    m, v = 8, 2
+    layout = Layout(pp=4, vpp=v, schedule="interleaved", num_microbatches=m)
+    time = run_step(layout, [stage_secs(forward=t) for t in totals])
+    assert math.isclose(time.parts["bubble"], (sum(totals) - 3.0) / v, rel_tol=1e-12)
+
+
+def test_gpipe_same_time_as_1f1b() -> None:
+    totals = [1.0, 3.0, 2.0, 2.5]
+    secs = [stage_secs(forward=t / 3, backward=2 * t / 3) for t in totals]
+    one = run_step(Layout(pp=4, num_microbatches=6), [dict(s) for s in secs])
+    gp = run_step(Layout(pp=4, num_microbatches=6, schedule="gpipe"), [dict(s) for s in secs])
+    assert gp.step_s == one.step_s
+    assert gp.parts == one.parts
+
+
+@pytest.mark.parametrize(("pp", "m"), [(2, 4), (4, 8), (4, 20)])
+def test_dualpipev_bubble_below_1f1b(pp: int, m: int) -> None:
+    secs = stage_secs(forward=1.0, backward=2.0, tp_comm=0.5)
+    t = 3.5
+    dual = run_step(Layout(pp=pp, schedule="dualpipev", num_microbatches=m), [dict(secs)] * pp)
+    one = run_step(Layout(pp=pp, num_microbatches=m), [dict(secs)] * pp)
+    # The weight-gradient half of the backward fills the bubble; the rest is paid per
+    # half-step: (pp − 1) · (t − bwd/2) / 2.
+    expected = (pp - 1) * (t - 0.5 * 2.0) / 2
+    assert math.isclose(dual.parts["bubble"], expected, rel_tol=1e-12)
+    assert 0 < dual.parts["bubble"] < one.parts["bubble"]
+    assert dual.step_s < one.step_s
+
+
+def test_dualpipev_bubble_clamps_at_zero() -> None:
+    """A stage that is nothing but backward leaves no bubble once the weight gradients fill it."""
+    secs = stage_secs(backward=2.0)
+    time = run_step(Layout(pp=2, schedule="dualpipev", num_microbatches=4), [dict(secs)] * 2)
+    assert time.parts["bubble"] == pytest.approx(0.5)  # (t − bwd/2)/2 = (2 − 1)/2
+    secs = stage_secs(backward=0.0)
+    time = run_step(Layout(pp=2, schedule="dualpipev", num_microbatches=4), [dict(secs)] * 2)
+    assert time.parts["bubble"] == 0.0
+
+
+def test_dualpipev_bubble_unit_is_the_mean_over_stages() -> None:
+    """Unequal stages: (pp − 1) × the mean of max(0, t_s − bwd_s/2)/2, not the largest."""
+    totals = [1.0, 3.0, 2.0, 2.5]
+    layout = Layout(pp=4, schedule="dualpipev", num_microbatches=8)
+    secs = [stage_secs(forward=t / 3, backward=2 * t / 3) for t in totals]
+    time = run_step(layout, secs)
+    # t − (2t/3)/2 = 2t/3, halved: t/3 per stage; mean (1 + 3 + 2 + 2.5)/3/4 = 8.5/12.
+    assert time.parts["bubble"] == pytest.approx(3 * 8.5 / 12, rel=1e-12)
+    assert time.parts["bubble"] != pytest.approx(3 * 3.0 / 3, rel=1e-6)  # not the max unit
+    assert pipeline_s(time) == pytest.approx(8 * 3.0 + 3 * 8.5 / 12, rel=1e-12)
+
+
+def test_dualpipev_bubble_fills_with_the_stage_fsdp_traffic() -> None:
+    """The per-micro-batch FSDP traffic rides with the weight-gradient work: dp_comm
+    fills the bubble like the backward does, so turning backward into exposed traffic one
+    for one (the stage time unchanged) leaves the bubble where it was."""
+    layout = Layout(pp=2, schedule="dualpipev", num_microbatches=4)
+    a = stage_secs(forward=1.0, backward=2.0, tp_comm=0.5, dp_comm=1.0)  # t = 4.5
+    b = stage_secs(forward=0.5, backward=1.0, dp_comm=0.5)  # t = 2
+    time = run_step(layout, [a, b])
+    # Units (4.5 − 3/2)/2 = 1.5 and (2 − 1.5/2)/2 = 0.625; their mean, once (pp − 1 = 1).
+    assert time.parts["bubble"] == pytest.approx((1.5 + 0.625) / 2, rel=1e-12)
+    # The dp_comm part is the critical stage's, m times (no per-step DP without stages).
+    assert time.parts["dp_comm"] == pytest.approx(4 * 1.0, rel=1e-12)
+    moved_a = stage_secs(forward=1.0, backward=1.25, tp_comm=0.5, dp_comm=1.75)
+    moved = run_step(layout, [moved_a, dict(b)])
+    assert moved.parts["bubble"] == pytest.approx(time.parts["bubble"], rel=1e-12)
+    assert moved.step_s == pytest.approx(time.step_s, rel=1e-12)
+    # Backward turned into a forward (not fill): the unit grows by half of it, halved.
+    fwd_a = stage_secs(forward=1.75, backward=1.25, tp_comm=0.5, dp_comm=1.0)
+    fwd = run_step(layout, [fwd_a, dict(b)])
+    assert fwd.parts["bubble"] == pytest.approx(time.parts["bubble"] + 0.75 / 4 / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(pp=4, num_microbatches=8),
+        Layout(pp=4, vpp=2, schedule="interleaved", num_microbatches=8),
+        Layout(pp=4, schedule="gpipe", num_microbatches=8),
+        Layout(pp=4, schedule="dualpipev", num_microbatches=8),
+        Layout(pp=1, num_microbatches=3),
+    ],
+)
+def test_parts_sum_exactly_to_the_step(layout: Layout) -> None:
+    secs = [
+        stage_secs(forward=0.1 * (i + 1), backward=0.3, recompute=0.07, tp_comm=0.011,
+                   cp_comm=0.013, ep_comm=0.017, pp_comm=0.019)
+        for i in range(layout.pp)
+    ]  # fmt: skip
+    time = run_step(layout, secs, Calibration(step_overhead_s=0.123))
+    assert tuple(time.parts) == TIME_PARTS
+    # The step is the sum of the parts, in order: equal to the last bit.
+    assert sum(time.parts.values()) == time.step_s
+    assert all(v >= 0 for v in time.parts.values())
+    assert time.parts["overhead"] == 0.123
+    assert time.parts["optimizer"] > 0
+
+
+def test_step_overhead_adds_once() -> None:
+    layout = Layout(pp=2, num_microbatches=4)
+    base = run_step(layout, [dict(EQUAL)] * 2)
+    more = run_step(layout, [dict(EQUAL)] * 2, Calibration(step_overhead_s=0.5))
+    assert math.isclose(more.step_s - base.step_s, 0.5, rel_tol=1e-12)
+
+
+def test_real_stage_seconds_compose() -> None:
+    """Pricing a layout end to end: stage seconds are the fixed part plus count × layer."""
+    layout = Layout(tp=2, pp=2, dp=2, sp=True, num_microbatches=4, zero=1)
+    ctx = make_ctx(layout)
+    cm = NdplanCostModel(NO_OVERHEAD)
+    stages = ctx.placement(layout)
+    for stage in stages:
+        assignment = [(kind, k, count, frozenset()) for kind, count, k in stage.groups]
+        secs = cm.stage_seconds(ctx, layout, stage, assignment)
+        fixed = cm.stage_fixed_seconds(ctx, layout, stage)
+        layer = cm.layer_seconds(ctx, layout, DENSE, frozenset())
+        for name in LAYER_PARTS:
+            assert secs[name] == pytest.approx(fixed[name] + stage.num_layers * layer[name])
+        assert secs["pp_comm"] == fixed["pp_comm"] > 0
+        # ZeRO-1: no per-micro-batch DP part; no CP, so no compute hides a ring.
+        assert isinstance(secs, StageSeconds)
+        assert secs["dp_comm"] == 0.0
+        assert secs.cp_hidden_forward == secs.cp_hidden_backward == 0.0
+    seconds = [
+        cm.stage_seconds(ctx, layout, s, [(k, f, c, frozenset()) for k, c, f in s.groups])
+        for s in stages
+    ]
+    time = cm.step(ctx, layout, stages, seconds)
+    assert sum(time.parts.values()) == time.step_s
+    totals = [sum(s.values()) for s in seconds]
+    assert math.isclose(pipeline_s(time), sum(totals) + 3 * max(totals), rel_tol=1e-12)
+
+
+def test_stage_seconds_carry_the_fsdp_part_and_the_step_pays_it_every_micro_batch() -> None:
+    """ZeRO-3: the stage's dp_comm is its per-micro-batch exposure; the step pays the
+    critical stage's m times and nothing per step."""
+    layout = Layout(dp=4, zero=3, num_microbatches=4)
+    ctx = make_ctx(layout)
+    cm = overlap_model(fsdp=0.0)
+    (stage,) = ctx.placement(layout)
+    secs = cm.stage_seconds(ctx, layout, stage, [(0, 1, 8, frozenset())])
+    ((gather, scatter),) = volumes(cm, ctx, layout)
+    # Megatron syncs gradients once per step: the scatter is spread over the m micro-batches.
+    assert secs["dp_comm"] == pytest.approx(2 * gather + scatter / 4, rel=1e-12)
+    time = cm.step(ctx, layout, [stage], [secs])
+    assert time.parts["dp_comm"] == 4 * secs["dp_comm"]
+    assert math.isclose(
+        time.step_s, 4 * sum(secs.values()) + time.parts["optimizer"], rel_tol=1e-12
+    )
+
+
+@pytest.mark.parametrize(
+    ("layout", "share"),
+    [
+        (Layout(pp=2, dp=8, zero=1, num_microbatches=4), 1.0),
+        (Layout(pp=2, dp=8, zero=1, num_microbatches=4, schedule="gpipe"), 1.0),
+        (Layout(pp=2, vpp=2, dp=8, zero=1, num_microbatches=4, schedule="interleaved"), 1 / 2),
+        (Layout(pp=2, vpp=4, dp=8, zero=1, num_microbatches=4, schedule="interleaved"), 1 / 4),
+        # DualPipeV: (pp − 1)/(4·pp), what one stage's backward adds to the bubble.
+        (Layout(pp=2, dp=8, zero=1, num_microbatches=4, schedule="dualpipev"), 1 / 8),
+    ],
+)
+def test_per_step_dp_hides_under_the_shortest_stage_window(layout: Layout, share: float) -> None:
+    """ZeRO-1: the gradient reduce-scatter hides under share × the shortest per-micro-batch
+    backward (+ recompute) of any stage, the parameter all-gather under share × the
+    shortest forward, each less the compute already hiding that stage's CP ring; both at
+    the DP overlap. The two minima may come from different stages, neither of them
+    necessarily the critical one."""
+    ctx = make_ctx(layout)
+    cm = overlap_model(dp=0.8)
+    vols = volumes(cm, ctx, layout)
+    gather, scatter = max(v[0] for v in vols), max(v[1] for v in vols)
+    assert scatter > gather > 0  # fp32 gradients, bf16 parameters
+    crit = StageSeconds(
+        stage_secs(forward=0.5 * gather, backward=0.5 * scatter, recompute=0.25 * scatter,
+                   cp_comm=0.1 * scatter, dp_comm=0.1 * gather),
+        hidden_forward=0.125 * gather, hidden_backward=0.25 * scatter,
+    )  # fmt: skip
+    # Windows: crit backward (0.5 + 0.25 − 0.25)·s = 0.5·s, forward (0.5 − 0.125)·g;
+    # other backward (0.3 − 0.05)·s = 0.25·s (the shorter), forward 0.9·g (the longer).
+    other = StageSeconds(
+        stage_secs(forward=0.9 * gather, backward=0.3 * scatter), hidden_backward=0.05 * scatter
+    )
+    assert sum(other.values()) < sum(crit.values())  # 0.9·g + 0.3·s < 0.6·g + 0.85·s
+    for seconds in ([other, crit], [crit, other]):  # either stage position
+        time = cm.step(ctx, layout, ctx.placement(layout), seconds)
+        window_bwd = share * 0.25 * scatter
+        window_fwd = share * 0.375 * gather
+        per_step = max(0.0, scatter - 0.8 * window_bwd) + max(0.0, gather - 0.8 * window_fwd)
+        assert 0 < per_step < scatter + gather
+        m = layout.num_microbatches
+        assert time.parts["dp_comm"] == pytest.approx(m * 0.1 * gather + per_step, rel=1e-12)
+        # Not the critical stage's own windows (the earlier composition).
+        theirs = (scatter - 0.8 * share * 0.5 * scatter) + (gather - 0.8 * share * 0.375 * gather)
+        assert time.parts["dp_comm"] != pytest.approx(m * 0.1 * gather + theirs, rel=1e-6)
+        for name in ("forward", "backward", "recompute", "cp_comm"):
+            assert time.parts[name] == m * crit[name]
+        assert sum(time.parts.values()) == time.step_s
+
+
+def test_per_step_dp_window_clamps_at_the_traffic() -> None:
+    """Windows longer than the traffic hide all of it; a stage without backward leaves the
+    gradient reduction fully exposed, however long the other stages' backward."""
+    layout = Layout(pp=2, dp=8, zero=1, num_microbatches=2)
+    ctx = make_ctx(layout)
+    cm = overlap_model(dp=1.0)
+    stages = ctx.placement(layout)
+    vols = volumes(cm, ctx, layout)
+    gather, scatter = max(v[0] for v in vols), max(v[1] for v in vols)
+    long = stage_secs(forward=10 * gather, backward=10 * scatter)
+    assert cm.step(ctx, layout, stages, [dict(long), dict(long)]).parts["dp_comm"] == 0.0
+    no_bwd = stage_secs(forward=10 * gather)
+    time = cm.step(ctx, layout, stages, [dict(long), no_bwd])
+    assert time.parts["dp_comm"] == pytest.approx(scatter, rel=1e-12)
+
+
+@pytest.mark.parametrize(("split", "busy"), [((1, 7), 1), ((7, 1), 0)])
+def test_per_step_dp_and_optimizer_are_the_busiest_stage_whichever_stage_is_critical(
+    split: tuple[int, int], busy: int
+) -> None:
+    """The stage holding 7 of 8 layers: its all-reduce and its update are the step's, also
+    while the one-layer stage is the slowest."""
+    layout = Layout(pp=2, dp=8, zero=0, num_microbatches=4, layers_per_stage=split)
+    ctx = make_ctx(layout)
+    cm = overlap_model(dp=0.0)
+    stages = ctx.placement(layout)
+    params = [NdplanMemoryModel().stage_parameters(ctx, layout, s) for s in stages]
+    link = cm.links(ctx, layout).dp
+    reduce = [all_reduce_s(link, dense * 4) for dense, _, _ in params]  # fp32 gradients
+    update = [cm._optimizer_s(ctx, layout, dense, expert) for dense, expert, _ in params]
+    assert reduce[busy] > reduce[1 - busy] and update[busy] > update[1 - busy]
+    for slow in (0, 1):
+        secs = [stage_secs(forward=1.0), stage_secs(forward=1.0)]
+        secs[slow]["backward"] = 0.5
+        time = cm.step(ctx, layout, stages, secs)
+        assert time.parts["dp_comm"] == pytest.approx(reduce[busy], rel=1e-12)
+        assert time.parts["optimizer"] == pytest.approx(update[busy], rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- overlap clamps
+
+
+class FixedLayerCost(NdplanCostModel):
+    """A cost model whose per-layer raw costs the test sets."""
+
+    def __init__(self, cost: LayerCost, overlap: Overlap) -> None:
+        super().__init__(Calibration(overlap={"default": overlap}))
+        self.fixed = cost
+
+    def layer_cost(self, ctx, layout, kind):
+        return self.fixed
+
+
+def fixed_cost(**update) -> LayerCost:
+    base = LayerCost(
+        ops=(
+            Op("attn", 1.0, FLASH_BACKWARD_FACTOR * 1.0, frozenset({"core_attn"})),
+            Op("act", 0.25, 0.5, frozenset({"act"})),
+            Op("norm", 0.125, 0.25, frozenset({"norm"})),
+            Op("proj", 2.0, 4.0, frozenset()),
+        ),
+        tp_forward_s=0.4,
+        tp_backward_s=0.4,
+        sp_regather_s=0.2,
+        cp_forward_s=0.3,
+        cp_backward_s=0.6,
+        cp_ring_steps=1,
+        ep_forward_s=0.5,
+        ep_backward_s=0.5,
+        attention_forward_s=1.0,
+        launch_s=0.0,
+        flops=1.0,
+        recompute_flops={},
+    )
+    return dataclasses.replace(base, **update)
+
+
+def fixed_seconds(cost: LayerCost, overlap: Overlap, recompute=frozenset(), **layout_kw):
+    layout = Layout(**{"tp": 2, "cp": 2, "num_microbatches": 4, **layout_kw})
+    ctx = make_ctx(layout)
+    return FixedLayerCost(cost, overlap).layer_seconds(ctx, layout, DENSE, recompute)
+
+
+@pytest.mark.parametrize("tp_overlap", [0.0, 0.3, 0.5, 1.0])
+def test_exposed_tp_comm_is_one_minus_overlap_of_raw(tp_overlap: float) -> None:
+    secs = fixed_seconds(fixed_cost(), Overlap(tp=tp_overlap))
+    assert secs["tp_comm"] == pytest.approx((1 - tp_overlap) * 0.8)
+    # Full recompute re-runs the forward's exposed TP communication.
+    full = fixed_seconds(fixed_cost(), Overlap(tp=tp_overlap), None)
+    assert full["tp_comm"] == secs["tp_comm"]
+    assert full["recompute"] == pytest.approx(
+        3.375 + (1 - tp_overlap) * 0.4 + 0.5 + max(0.0, 0.3 - 1.0 / 2)
+    )
+
+
+@pytest.mark.parametrize(
+    ("cp", "cp_fwd", "att", "overlap", "expected"),
+    [
+        # cp = 2, one ring step hidden behind one block (att/2) of attention:
+        # max(0, f − o·att/2) + max(0, 2f − o·2.5·att/2)
+        (2, 0.3, 1.0, 1.0, 0.0),  # short comm, full overlap: hidden
+        (2, 0.3, 1.0, 0.0, 0.9),  # no overlap: all of it
+        (2, 0.3, 0.2, 1.0, 0.2 + 0.35),  # longer than the block's attention: the excess
+        (2, 0.3, 0.2, 0.5, 0.25 + 0.475),
+        (2, 2.0, 1.0, 1.0, 1.5 + 2.75),
+        (2, 0.0, 1.0, 1.0, 0.0),
+        # cp = 4: three steps of f/3 each, behind blocks of att/4.
+        (4, 0.9, 0.8, 1.0, 3 * (0.3 - 0.2) + 3 * (0.6 - 0.5)),
+        (4, 0.9, 4.0, 1.0, 0.0),
+        (4, 0.9, 4.0, 0.0, 2.7),
+    ],
+)
+def test_cp_ring_exposure_clamps(
+    cp: int, cp_fwd: float, att: float, overlap: float, expected: float
+) -> None:
+    cost = fixed_cost(
+        cp_forward_s=cp_fwd, cp_backward_s=2 * cp_fwd, attention_forward_s=att,
+        cp_ring_steps=cp - 1,
+    )  # fmt: skip
+    secs = fixed_seconds(cost, Overlap(cp=overlap), cp=cp)
+    assert secs["cp_comm"] == pytest.approx(expected)
+    assert secs["cp_comm"] >= 0.0
+    # Full recompute re-runs the forward's exposed share only.
+    full = fixed_seconds(cost, Overlap(cp=overlap, tp=1.0, ep=1.0), None, cp=cp)
+    steps = cp - 1
+    fwd_exposed = steps * max(0.0, cp_fwd / steps - overlap * att / cp)
+    assert full["recompute"] == pytest.approx(3.375 + fwd_exposed)
+
+
+def test_all_to_all_cp_is_not_hidden() -> None:
+    """Ulysses all-to-alls block the attention: exposed whatever the overlap."""
+    cost = fixed_cost(cp_forward_s=0.3, cp_backward_s=0.3, cp_ring_steps=0)
+    assert fixed_seconds(cost, Overlap(cp=1.0))["cp_comm"] == pytest.approx(0.6)
+
+
+def test_ep_exposure_and_dualpipev_overlap() -> None:
+    secs = fixed_seconds(fixed_cost(), Overlap(ep=0.25))
+    assert secs["ep_comm"] == pytest.approx(0.75 * 1.0)
+    dual = fixed_seconds(fixed_cost(), Overlap(ep=0.25), pp=2, schedule="dualpipev")
+    assert dual["ep_comm"] == pytest.approx(0.1 * 0.75 * 1.0)
+    assert fixed_seconds(fixed_cost(), Overlap(ep=1.0))["ep_comm"] == 0.0
+
+
+def test_layer_seconds_forward_backward_and_launch() -> None:
+    secs = fixed_seconds(fixed_cost(launch_s=0.03), Overlap())
+    assert secs["forward"] == pytest.approx(3.375 + 0.01)
+    assert secs["backward"] == pytest.approx(2.5 + 0.5 + 0.25 + 4.0 + 0.02)
+    assert set(secs) == set(LAYER_PARTS)
+
+
+def test_recompute_switches_pick_their_ops() -> None:
+    ov = Overlap()
+    assert fixed_seconds(fixed_cost(), ov, frozenset())["recompute"] == 0.0
+    assert fixed_seconds(fixed_cost(), ov, frozenset({"core_attn"}))["recompute"] == 1.0
+    assert fixed_seconds(fixed_cost(), ov, frozenset({"act", "norm"}))["recompute"] == 0.375
+    # Full recompute: the whole forward plus its exposed forward communication.
+    full = fixed_seconds(fixed_cost(), Overlap(tp=0.0, ep=0.0, cp=0.0), None)
+    assert full["recompute"] == pytest.approx(3.375 + 0.4 + 0.5 + 0.3)
+
+
+def test_sp_regather_charged_only_where_not_forced() -> None:
+    """Megatron always re-gathers SP inputs (a forced switch); elsewhere choosing
+    ``sp_gather`` adds the re-gather to the exposed TP communication."""
+    ov = Overlap(tp=0.5)
+    layout = Layout(tp=2, sp=True, num_microbatches=2)
+    for framework, extra in (("megatron", 0.0), ("mindformers", 0.5 * 0.2)):
+        ctx = make_ctx(layout, framework=framework)
+        cm = FixedLayerCost(fixed_cost(), ov)
+        base = cm.layer_seconds(ctx, layout, DENSE, frozenset())
+        regather = cm.layer_seconds(ctx, layout, DENSE, frozenset({"sp_gather"}))
+        assert regather["tp_comm"] - base["tp_comm"] == pytest.approx(extra)
+        assert regather["recompute"] == base["recompute"] == 0.0
+
+
+def test_forced_switches_recompute_with_an_empty_set() -> None:
+    layout = Layout(tp=2, num_microbatches=2)
+    ctx = make_ctx(layout)
+    ctx.cache["framework"] = dataclasses.replace(ctx.framework, forced_switches=frozenset({"norm"}))
+    secs = FixedLayerCost(fixed_cost(), Overlap()).layer_seconds(ctx, layout, DENSE, frozenset())
+    assert secs["recompute"] == 0.125
+
+
+# ----------------------------------------------------------------------------- DP exposure
+
+
+def dp_case(
+    zero: int, window_fwd: float, window_bwd: float, overlap: float = 0.9, *,
+    m: int = 2, sync: bool | None = None, **job,
+):  # fmt: skip
+    """Per-step exposed DP communication and optimizer of a one-stage, dp = 4 layout."""
+    layout = Layout(dp=4, num_microbatches=m, zero=zero)
+    ctx = make_ctx(layout, **job)
+    if sync is not None:
+        with_sync(ctx, sync)
+    cm = overlap_model(dp=overlap, fsdp=overlap)
+    stages = ctx.placement(layout)
+    dp, opt = cm.data_parallel_and_optimizer(ctx, layout, stages, window_fwd, window_bwd)
+    dense, expert, _ = NdplanMemoryModel().stage_parameters(ctx, layout, stages[0])
+    link = cm.links(ctx, layout).dp
+    return dp, dense, expert, link, opt
+
+
+def test_dp_volumes_by_hand() -> None:
+    """bf16 parameters gathered and fp32 (Megatron) gradients scattered over the DP ring;
+    routed experts over the expert-DP ring."""
+    layout = Layout(dp=4, num_microbatches=2)
+    ctx = make_ctx(layout)
+    cm = NdplanCostModel()
+    ((gather, scatter),) = volumes(cm, ctx, layout)
+    dense, expert, _ = NdplanMemoryModel().stage_parameters(ctx, layout, ctx.placement(layout)[0])
+    assert expert == 0 and dense > 0
+    assert gather == pytest.approx(3 / 4 * 2 * dense / H100_UP + 3 * H100_ALPHA, rel=1e-12)
+    assert scatter == pytest.approx(3 / 4 * 4 * dense / H100_UP + 3 * H100_ALPHA, rel=1e-12)
+    # bf16 gradient reduction halves the scatter's bytes.
+    ctx16 = make_ctx(layout, grad_reduce_dtype="bf16")
+    assert volumes(cm, ctx16, layout)[0] == pytest.approx((gather, gather), rel=1e-12)
+    # MoE, dp = 8, ep = 4: experts are sharded 4 ways and replicated over expert-DP = 2.
+    layout = Layout(dp=8, ep=4, num_microbatches=2)
+    ctx = make_ctx(layout, moe_model())
+    ((gather, scatter),) = volumes(cm, ctx, layout)
+    dense, expert, _ = NdplanMemoryModel().stage_parameters(ctx, layout, ctx.placement(layout)[0])
+    assert expert > 0
+    links = cm.links(ctx, layout)
+    assert links.dp.size == 8 and links.expert_dp.size == 2
+    assert gather == pytest.approx(
+        7 / 8 * 2 * dense / H100_UP + 7 * H100_ALPHA
+        + 1 / 2 * 2 * expert / links.expert_dp.bytes_per_s + links.expert_dp.latency_s,
+        rel=1e-12,
+    )  # fmt: skip
+    assert scatter == pytest.approx(
+        7 / 8 * 4 * dense / H100_UP + 7 * H100_ALPHA
+        + 1 / 2 * 4 * expert / links.expert_dp.bytes_per_s + links.expert_dp.latency_s,
+        rel=1e-12,
+    )  # fmt: skip
+
+
+def test_dp_all_reduce_by_hand_and_its_clamp() -> None:
+    """ZeRO-0: an all-reduce (twice a reduce-scatter's bytes) under the backward window."""
+    _, dense, _, link, _ = dp_case(0, 0.0, 0.0)
+    assert link.size == 4 and link.bytes_per_s == pytest.approx(H100_UP)
+    # fp32 main gradients (Megatron's default) over a 4-GPU NVLink ring.
+    raw = 2 * 3 / 4 * dense * 4 / H100_UP + 2 * 3 * H100_ALPHA
+    assert raw == pytest.approx(2 * reduce_scatter_s(link, dense * 4), rel=1e-12)
+    assert dp_case(0, 0.0, 0.0)[0] == pytest.approx(raw, rel=1e-12)
+    assert dp_case(0, 5.0, 0.5 * raw / 0.9)[0] == pytest.approx(0.5 * raw, rel=1e-9)
+    # No parameter gather: the forward window hides nothing.
+    assert dp_case(0, 100.0, 0.0)[0] == pytest.approx(raw, rel=1e-12)
+    assert dp_case(0, 0.0, raw / 0.9 * 1.0001)[0] == 0.0
+    assert dp_case(0, 0.0, 100.0)[0] == 0.0
+    assert dp_case(0, 0.0, 100.0, overlap=0.0)[0] == pytest.approx(raw, rel=1e-12)
+    # Megatron does not reduce per micro-batch: m does not multiply it.
+    assert dp_case(0, 0.0, 0.0, m=6)[0] == pytest.approx(raw, rel=1e-12)
+
+
+def test_distributed_optimizer_scatter_and_gather_clamp_separately() -> None:
+    _, dense, _, link, _ = dp_case(1, 0.0, 0.0)
+    scatter = reduce_scatter_s(link, dense * 4)
+    gather = all_gather_s(link, dense * 2)
+    assert dp_case(1, 0.0, 0.0)[0] == pytest.approx(scatter + gather, rel=1e-12)
+    assert dp_case(1, 100.0, 0.0)[0] == pytest.approx(scatter, rel=1e-12)
+    assert dp_case(1, 0.0, 100.0)[0] == pytest.approx(gather, rel=1e-12)
+    assert dp_case(1, 100.0, 100.0)[0] == 0.0
+    partly = dp_case(1, 0.5 * gather / 0.9, 0.25 * scatter / 0.9)[0]
+    assert partly == pytest.approx(0.75 * scatter + 0.5 * gather, rel=1e-9)
+    # ZeRO-1 reduces once per step even where the framework syncs every micro-batch.
+    assert dp_case(1, 0.0, 0.0, m=5, sync=True)[0] == pytest.approx(scatter + gather, rel=1e-12)
+
+
+@pytest.mark.parametrize(("sync", "m", "scatters"), [(True, 3, 3), (True, 1, 1), (False, 3, 1)])
+def test_zero2_reduces_every_micro_batch_where_the_framework_syncs(
+    sync: bool, m: int, scatters: int
+) -> None:
+    _, dense, _, link, _ = dp_case(2, 0.0, 0.0, m=m, sync=sync)
+    scatter = reduce_scatter_s(link, dense * 4)
+    gather = all_gather_s(link, dense * 2)
+    assert dp_case(2, 0.0, 0.0, m=m, sync=sync)[0] == pytest.approx(
+        scatters * scatter + gather, rel=1e-12
+    )
+    # The m scatters hide under one backward window.
+    window = 1.5 * scatter / 0.9
+    assert dp_case(2, 0.0, window, m=m, sync=sync)[0] == pytest.approx(
+        max(0.0, (scatters - 1.5) * scatter) + gather, rel=1e-9
+    )
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
+def test_zero3_has_no_per_step_part(framework: str) -> None:
+    dp, dense, expert, _, opt = dp_case(3, 0.0, 0.0, overlap=0.0, framework=framework)
+    assert dp == 0.0
+    layout = Layout(dp=4, num_microbatches=2, zero=3)
+    ctx = make_ctx(layout, framework=framework)
+    assert opt == pytest.approx(NdplanCostModel()._optimizer_s(ctx, layout, dense, expert))
+    assert opt > 0
+
+
+def test_lora_reduces_no_gradients() -> None:
+    for zero in (0, 1, 3):
+        dp, _, _, _, opt = dp_case(zero, 0.0, 0.0, overlap=0.0, finetune="lora")
+        assert dp == 0.0
+        assert opt > 0
+
+
+# ----------------------------------------------------------------------------- FSDP per micro-batch
+
+
+@pytest.mark.parametrize(("framework", "sync"), [("megatron", 1 / 3), ("torchtitan", 1.0)])
+@pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("recompute", [frozenset(), None])
+def test_fsdp_stage_part_by_hand(framework: str, sync: float, overlap: float, recompute) -> None:
+    """Per micro-batch: gather for the forward, hidden behind it; gather again and scatter
+    the gradients (1/m of a scatter where gradients sync once per step), hidden behind the
+    backward and its recompute."""
+    layout = Layout(dp=4, zero=3, num_microbatches=3, mbs=1)
+    ctx = make_ctx(layout, framework=framework, seq=1024)
+    cm = overlap_model(fsdp=overlap)
+    (stage,) = ctx.placement(layout)
+    dense, _, _ = NdplanMemoryModel().stage_parameters(ctx, layout, stage)
+    gather = 3 / 4 * 2 * dense / H100_UP + 3 * H100_ALPHA
+    scatter = 3 / 4 * 4 * dense / H100_UP + 3 * H100_ALPHA  # fp32 gradients in both
+    secs = cm.stage_seconds(ctx, layout, stage, [(0, 1, 8, recompute)])
+    fwd, bwd = secs["forward"], secs["backward"] + secs["recompute"]
+    expected = max(0.0, gather - overlap * fwd) + max(0.0, gather + sync * scatter - overlap * bwd)
+    assert secs["dp_comm"] == pytest.approx(expected, rel=1e-12)
+    if overlap == 0.0:
+        assert secs["dp_comm"] == pytest.approx(2 * gather + sync * scatter, rel=1e-12)
+    elif overlap == 1.0:
+        assert 0 < secs["dp_comm"] < gather + sync * scatter  # partly hidden
+    # The other parts are the stage's without FSDP.
+    plain = cm.stage_seconds(ctx, layout.model_copy(update={"zero": 1}), stage,
+                             [(0, 1, 8, recompute)])  # fmt: skip
+    assert plain["dp_comm"] == 0.0
+    assert {k: v for k, v in secs.items() if k != "dp_comm"} == {
+        k: v for k, v in plain.items() if k != "dp_comm"
+    }
+
+
+def test_fsdp_part_is_none_below_zero3_and_for_lora() -> None:
+    for zero, job in ((0, {}), (1, {}), (2, {}), (3, {"finetune": "lora"})):
+        layout = Layout(dp=4, zero=zero, num_microbatches=2)
+        ctx = make_ctx(layout, **job)
+        (stage,) = ctx.placement(layout)
+        secs = overlap_model(fsdp=0.0).stage_seconds(ctx, layout, stage, [(0, 1, 8, frozenset())])
+        assert secs["dp_comm"] == 0.0
+
+
+class FixedVolumes(NdplanCostModel):
+    """Layer costs and DP volumes set by the test."""
+
+    def __init__(self, cost: LayerCost, overlap: Overlap, gather: float, scatter: float) -> None:
+        super().__init__(Calibration(overlap={"default": overlap}, step_overhead_s=0.0))
+        self.fixed = cost
+        self.volumes = (gather, scatter)
+
+    def layer_cost(self, ctx, layout, kind):
+        return self.fixed
+
+    def _dp_volumes(self, ctx, layout, stage):
+        return self.volumes
+
+
+def test_compute_hiding_the_cp_ring_cannot_hide_the_fsdp_traffic() -> None:
+    """Ring CP, cp = 2: per layer, the 0.3 s forward transfer hides behind half of the 1 s
+    attention and the 0.6 s backward one behind half of its 2.5 s; that compute is
+    recorded on the stage and taken out of the FSDP windows."""
+    layout = Layout(cp=2, dp=2, zero=3, num_microbatches=2)
+    ctx = with_sync(make_ctx(layout), True)
+    (stage,) = ctx.placement(layout)
+    assignment = [(0, 1, 8, frozenset())]
+    cost = fixed_cost(
+        cp_forward_s=0.3, cp_backward_s=0.6, cp_ring_steps=1, attention_forward_s=1.0,
+        tp_forward_s=0.0, tp_backward_s=0.0, ep_forward_s=0.0, ep_backward_s=0.0,
+    )  # fmt: skip
+    cm = FixedVolumes(cost, Overlap(cp=1.0, fsdp=1.0), gather=30.0, scatter=25.0)
+    secs = cm.stage_seconds(ctx, layout, stage, assignment)
+    assert secs["cp_comm"] == 0.0  # all hidden
+    assert secs.cp_hidden_forward == pytest.approx(8 * 0.3)
+    assert secs.cp_hidden_backward == pytest.approx(8 * 0.6)
+    fwd, bwd = secs["forward"], secs["backward"] + secs["recompute"]
+    assert fwd == pytest.approx(8 * 3.375, rel=1e-3)  # plus the real embedding and head
+    expected = max(0.0, 30.0 - (fwd - 2.4)) + max(0.0, 30.0 + 25.0 - (bwd - 4.8))
+    assert secs["dp_comm"] == pytest.approx(expected, rel=1e-12)
+    # Half overlap: the ring's transfers are partly exposed, hiding less compute.
+    cm = FixedVolumes(cost, Overlap(cp=0.5, fsdp=1.0), gather=30.0, scatter=25.0)
+    ctx.cache.clear()
+    with_sync(ctx, True)
+    secs = cm.stage_seconds(ctx, layout, stage, assignment)
+    hidden_f, hidden_b = 8 * min(0.3, 0.5 * 0.5), 8 * min(0.6, 0.5 * 2.5 * 0.5)
+    assert secs.cp_hidden_forward == pytest.approx(hidden_f)
+    assert secs.cp_hidden_backward == pytest.approx(hidden_b)
+    assert secs["cp_comm"] == pytest.approx(8 * (0.3 + 0.6) - hidden_f - hidden_b)
+    fwd, bwd = secs["forward"], secs["backward"] + secs["recompute"]
+    expected = max(0.0, 30.0 - (fwd - hidden_f)) + max(0.0, 55.0 - (bwd - hidden_b))
+    assert secs["dp_comm"] == pytest.approx(expected, rel=1e-12)
+    # The stage total is then the raw traffic: compute and ring all under the gathers.
+    total = sum(secs.values())
+    assert total == pytest.approx(2 * 30.0 + 25.0 + 8 * (0.3 + 0.6), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- GEMM efficiency
+
+
+def gemm_ctx(precision: str = "bf16", device=H100, **eff):
+    layout = Layout()
+    ctx = make_ctx(layout, device=device, precision=precision)
+    cm = NdplanCostModel(Calibration(default=DeviceEfficiency(**eff)))
+    return ctx, cm
+
+
+def test_large_gemm_approaches_peak_times_efficiency() -> None:
+    ctx, cm = gemm_ctx(gemm=0.8, gemm_half_gflop=1.0)
+    m = k = n = 16384
+    flops = 2.0 * m * k * n
+    ideal = flops / (989.4e12 * 0.8)
+    got = cm._gemm_s(ctx, m, k, n)
+    assert got == pytest.approx(ideal * (flops + 1e9) / flops, rel=1e-12)
+    assert got / ideal == pytest.approx(1.0, rel=2e-4)
+    assert cm._gemm_s(ctx, m, k, n, count=3) == pytest.approx(3 * got, rel=1e-12)
+
+
+@pytest.mark.parametrize("half", [0.5, 1.0, 4.0])
+def test_efficiency_halves_at_the_knee(half: float) -> None:
+    ctx, cm = gemm_ctx(gemm=0.8, gemm_half_gflop=half, hbm=1.0)
+    # 2·m·k·n = half · 1e9 FLOPs.
+    m, k, n = 500 * half, 1000, 1000
+    flops = 2.0 * m * k * n
+    assert flops == half * 1e9
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (989.4e12 * 0.4), rel=1e-12)
+
+
+def test_grouped_gemms_use_their_own_knee() -> None:
+    ctx, cm = gemm_ctx(gemm=0.8, gemm_half_gflop=0.0, grouped_gemm_half_gflop=1.0, hbm=1.0)
+    m, k, n = 500, 1000, 1000  # 1 GFLOP each
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(1e9 / (989.4e12 * 0.8), rel=1e-12)
+    assert cm._gemm_s(ctx, m, k, n, count=4, grouped=True) == pytest.approx(
+        4 * 1e9 / (989.4e12 * 0.4), rel=1e-12
+    )
+
+
+def test_skinny_gemm_is_memory_bound() -> None:
+    ctx, cm = gemm_ctx(hbm=0.75)
+    m, k, n = 1, 8192, 8192
+    memory = ((m * k + k * n) * 2 + m * n * 2) / (3350e9 * 0.75)
+    got = cm._gemm_s(ctx, m, k, n)
+    assert got == pytest.approx(memory, rel=1e-12)
+    eff = DeviceEfficiency()
+    flops = 2.0 * m * k * n
+    compute = flops / (989.4e12 * eff.gemm * flops / (flops + 1e9))
+    assert compute < got
+
+
+def test_low_precision_gemm_uses_the_fp8_peak() -> None:
+    m = k = n = 8192
+    flops = 2.0 * m * k * n
+    ctx, cm = gemm_ctx("fp8", gemm_low_precision=0.5, gemm=0.8, gemm_half_gflop=0.0)
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (1978.9e12 * 0.5), rel=1e-12)
+    # The router and the head stay in bf16.
+    assert cm._gemm_s(ctx, m, k, n, low_precision=False) == pytest.approx(
+        flops / (989.4e12 * 0.8), rel=1e-12
+    )
+    for recipe in ("fp8-blockwise", "mxfp8"):
+        ctx, cm = gemm_ctx(recipe, gemm_low_precision=0.5, gemm_half_gflop=0.0)
+        assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (1978.9e12 * 0.5), rel=1e-12)
+    ctx, cm = gemm_ctx("fp4", device=DEVICES["b200"], gemm_low_precision=0.5, gemm_half_gflop=0)
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (9000e12 * 0.5), rel=1e-12)
+
+
+def test_low_precision_halves_the_memory_roofline_operands() -> None:
+    m, k, n = 1, 8192, 8192
+    ctx, cm = gemm_ctx("fp8", hbm=1.0)
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(((m * k + k * n) + m * n * 2) / 3350e9)
+
+
+def test_empty_gemms_cost_nothing() -> None:
+    ctx, cm = gemm_ctx()
+    assert cm._gemm_s(ctx, 0, 10, 10) == 0.0
+    assert cm._gemm_s(ctx, 10, 10, 10, count=0) == 0.0
+
+
+# ----------------------------------------------------------------------------- real layers
+
+
+def test_tp_all_reduce_by_hand() -> None:
+    """TP = 8 without SP on one H100 node: two all-reduces of s·b·h per layer, each way."""
+    layout = Layout(tp=8, mbs=2, num_microbatches=2)
+    ctx = make_ctx(layout, seq=2048)
+    for overlap in (0.0, 0.25):
+        cm = NdplanCostModel(Calibration(overlap={"default": Overlap(tp=overlap)}))
+        ctx.cache.clear()
+        cost = cm.layer_cost(ctx, layout, DENSE)
+        nbytes = 2 * 2048 * 2048 * 2  # mbs · s · h · bf16
+        ar = 2 * 7 / 8 * nbytes / (450e9 * 0.75) + 2 * 7 * 3e-6
+        assert cost.tp_forward_s == pytest.approx(2 * ar, rel=1e-12)
+        assert cost.tp_backward_s == cost.tp_forward_s
+        secs = cm.layer_seconds(ctx, layout, DENSE, frozenset())
+        assert secs["tp_comm"] == pytest.approx((1 - overlap) * 4 * ar, rel=1e-12)
+
+
+def test_sp_gathers_and_scatters_cost_the_same_as_all_reduces() -> None:
+    ctx = make_ctx(Layout(tp=4, num_microbatches=2))
+    cm = NdplanCostModel(NO_OVERHEAD)
+    plain = cm.layer_cost(ctx, Layout(tp=4, num_microbatches=2), DENSE)
+    sp = cm.layer_cost(ctx, Layout(tp=4, sp=True, num_microbatches=2), DENSE)
+    assert sp.tp_forward_s == pytest.approx(plain.tp_forward_s, rel=1e-12)
+    link = cm.links(ctx, Layout(tp=4)).tp
+    assert sp.sp_regather_s == pytest.approx(2 * all_gather_s(link, 4096 * 2048 * 2))
+    assert plain.sp_regather_s == 0.0
+
+
+def test_cp_ring_by_hand() -> None:
+    layout = Layout(cp=2, num_microbatches=2)
+    ctx = make_ctx(layout, seq=8192)
+    cm = NdplanCostModel(Calibration(overlap={"default": Overlap(cp=0.0)}))
+    cost = cm.layer_cost(ctx, layout, DENSE)
+    tokens = 8192 / 2
+    kv = 2 * 4 * 128 * 2  # K and V, 4 kv heads × 128, bf16
+    step = tokens * kv / (450e9 * 0.75) + 3e-6
+    assert cost.cp_forward_s == pytest.approx(step, rel=1e-12)
+    assert cost.cp_backward_s == pytest.approx(2 * step, rel=1e-12)
+    assert cm.layer_seconds(ctx, layout, DENSE, frozenset())["cp_comm"] == pytest.approx(
+        3 * step, rel=1e-12
+    )
+    # With full overlap the long attention hides it.
+    hidden = NdplanCostModel(Calibration(overlap={"default": Overlap(cp=1.0)}))
+    ctx.cache.clear()
+    assert hidden.layer_cost(ctx, layout, DENSE).attention_forward_s / 2 > 2 * step
+    assert hidden.layer_seconds(ctx, layout, DENSE, frozenset())["cp_comm"] == 0.0
+
+
+def test_pp_send_recv_by_hand() -> None:
+    layout = Layout(pp=2, mbs=1, num_microbatches=4)
+    ctx = make_ctx(layout, seq=4096)
+    cm = NdplanCostModel(Calibration(overlap={"default": Overlap(pp=0.25)}))
+    boundary = 4096 * 2048 * 2
+    p2p = boundary / (450e9 * 0.75) + 3e-6
+    for stage in ctx.placement(layout):
+        fixed = cm.stage_fixed_seconds(ctx, layout, stage)
+        assert fixed["pp_comm"] == pytest.approx(2 * p2p * 0.75, rel=1e-12)
+
+
+def test_optimizer_step_by_hand() -> None:
+    layout = Layout(num_microbatches=1)
+    ctx = make_ctx(layout)
+    cm = NdplanCostModel(Calibration(default=DeviceEfficiency(hbm=0.5)))
+    stage = ctx.placement(layout)[0]
+    dense, expert, _ = NdplanMemoryModel().stage_parameters(ctx, layout, stage)
+    # Adam: read master, grad, two moments; write master, moments and the bf16 copy.
+    expected = (dense + expert) * (12 + 4 + 12 + 2) / (3350e9 * 0.5)
+    assert cm._optimizer_s(ctx, layout, dense, expert) == pytest.approx(expected, rel=1e-12)
+
+
+def cp_forward_exposed(cost: LayerCost, overlap: float, cp: int) -> float:
+    """Ring CP: each of the cp − 1 transfers hides behind one block (1/cp) of attention."""
+    steps = cost.cp_ring_steps
+    if not steps:
+        return cost.cp_forward_s
+    return steps * max(0.0, cost.cp_forward_s / steps - overlap * cost.attention_forward_s / cp)
+
+
+@pytest.mark.parametrize(
+    ("layout", "kind"),
+    [
+        (Layout(num_microbatches=2), DENSE),
+        (Layout(tp=4, sp=True, num_microbatches=2), DENSE),
+        (Layout(tp=2, cp=2, num_microbatches=2), DENSE),
+        (Layout(dp=8, ep=4, num_microbatches=2), MOE),
+        (Layout(dp=4, tp=2, ep=8, etp=1, sp=True, num_microbatches=2), MOE),
+    ],
+)
+def test_full_recompute_is_the_forward_plus_exposed_forward_comm(layout: Layout, kind) -> None:
+    ctx = make_ctx(layout, moe_model())
+    ov = Overlap(tp=0.2, cp=0.5, ep=0.3)
+    cm = NdplanCostModel(Calibration(overlap={"default": ov}))
+    cost = cm.layer_cost(ctx, layout, kind)
+    full = cm.layer_seconds(ctx, layout, kind, None)
+    none = cm.layer_seconds(ctx, layout, kind, frozenset())
+    exposed = (
+        cost.tp_forward_s * (1 - ov.tp)
+        + cost.ep_forward_s * (1 - ov.ep)
+        + cp_forward_exposed(cost, ov.cp, layout.cp)
+    )
+    assert full["recompute"] == pytest.approx(full["forward"] + exposed, rel=1e-12)
+    if layout.tp == layout.cp == layout.ep == 1:
+        assert full["recompute"] == full["forward"]
+    assert none["recompute"] == 0.0
+    for name in ("forward", "backward", "tp_comm", "cp_comm", "ep_comm"):
+        assert full[name] == none[name]
+    assert all(v >= 0 for v in full.values())
+    if kind is MOE and layout.ep > 1:
+        assert cost.ep_forward_s > 0
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan", "mindformers", "deepspeed"])
+def test_empty_recompute_set_recomputes_nothing(framework: str) -> None:
+    layout = Layout(tp=2, sp=True, num_microbatches=2)
+    ctx = make_ctx(layout, moe_model(), framework=framework)
+    cm = NdplanCostModel()
+    forced = ctx.framework.forced_switches
+    for kind in (DENSE, MOE):
+        cost = cm.layer_cost(ctx, layout, kind)
+        expected = sum(op.forward_s for op in cost.ops if op.recomputed_by & forced)
+        rec = cm.layer_seconds(ctx, layout, kind, frozenset())["recompute"]
+        assert rec == expected == 0.0  # no op is re-run by the forced sp_gather
+
+
+def test_selective_recompute_of_core_attention_and_experts() -> None:
+    layout = Layout(dp=4, ep=4, num_microbatches=2)
+    ctx = make_ctx(layout, moe_model())
+    cm = NdplanCostModel()
+    cost = cm.layer_cost(ctx, layout, MOE)
+    att = cm.layer_seconds(ctx, layout, MOE, frozenset({"core_attn"}))
+    assert att["recompute"] == cost.attention_forward_s
+    experts = cm.layer_seconds(ctx, layout, MOE, frozenset({"moe_ffn"}))["recompute"]
+    by_name = {op.name: op.forward_s for op in cost.ops}
+    assert experts == pytest.approx(
+        sum(by_name[n] for n in ("permute", "expert_fc1", "expert_activation", "expert_fc2"))
+    )
+
+
+# ----------------------------------------------------------------------------- monotone step
+# Cases that broke "no stage getting slower (or device getting slower) makes the step
+# faster" under the earlier composition; they hold now.
+
+
+def _price(layout: Layout, device, ov: Overlap, seq: int = 1024, model: ModelSpec | None = None):
+    ctx = make_ctx(layout, model, device=device, seq=seq)
+    cm = NdplanCostModel(Calibration(overlap={"default": ov}, step_overhead_s=0.0))
+    return Pricer(ctx, NdplanMemoryModel(), cm, DefaultKnapsackSolver()).price(layout), ctx, cm
+
+
+def faster_peak(device, factor: float = 2.0):
+    return device.model_copy(
+        update={"peak_tflops": {k: factor * v for k, v in device.peak_tflops.items()}}
+    )
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_faster_peak_with_cp_and_dp_overlap_is_not_slower(zero: int) -> None:
+    """Attention time that hides the CP ring is not counted again for the DP traffic: when
+    the traffic is exposed at full overlap, the step is the raw traffic whatever the peak."""
+    layout = Layout(cp=2, dp=8, zero=zero, num_microbatches=1)
+    ov = Overlap(cp=1.0, dp=1.0, fsdp=1.0)
+    steps = []
+    for device in (faster_peak(H100), H100):
+        priced, ctx, cm = _price(layout, device, ov)
+        ((gather, scatter),) = volumes(cm, ctx, layout)
+        cost = cm.layer_cost(ctx, layout, DENSE)
+        ring = 8 * (cost.cp_forward_s + cost.cp_backward_s)
+        traffic = gather + scatter if zero == 1 else 2 * gather + scatter
+        time = priced.time
+        assert time.parts["dp_comm"] > 0
+        assert time.step_s == pytest.approx(traffic + ring + time.parts["optimizer"], rel=1e-12)
+        steps.append(time.step_s)
+    assert steps[0] <= steps[1] * (1 + 1e-12)
+
+
+def test_a_faster_critical_stage_does_not_switch_the_dp_stage() -> None:
+    """The per-step DP traffic and the optimizer are the busiest stage's (stage 1: seven
+    layers and the head) whichever stage is slowest: speeding up the slowest stage saves
+    exactly its pipeline time."""
+    layout = Layout(pp=2, dp=8, zero=0, num_microbatches=4, layers_per_stage=(1, 7))
+    ctx = make_ctx(layout)
+    cm = overlap_model(dp=0.0)
+    stages = ctx.placement(layout)
+    b = stage_secs(forward=1.0)
+    before = cm.step(ctx, layout, stages, [stage_secs(forward=1.2), dict(b)])
+    after = cm.step(ctx, layout, stages, [stage_secs(forward=1.199), dict(b)])
+    for name in ("dp_comm", "optimizer"):
+        assert after.parts[name] == before.parts[name] > 0
+    # 1F1B: Σ t + (m − 1)·max t, both down by 0.001.
+    assert after.step_s == pytest.approx(before.step_s - 4 * 0.001, rel=1e-12)
+
+
+def test_a_faster_off_critical_stage_speeds_up_the_interleaved_step() -> None:
+    """An off-critical stage weighs 1/v in the interleaved pipeline, and its backward
+    (the shortest here) sets the DP window at share 1/v: when it gets faster, the exposed
+    all-reduce grows by at most the overlap × what the bubble loses."""
+    layout = Layout(
+        pp=2, vpp=2, schedule="interleaved", dp=8, zero=0, num_microbatches=4,
+        layers_per_stage=(1, 3, 1, 3),
+    )  # fmt: skip
+    ctx = make_ctx(layout)
+    cm = overlap_model(dp=0.9)
+    stages = ctx.placement(layout)
+    a = stage_secs(forward=0.002, backward=0.004)  # the slowest stage
+    before = cm.step(ctx, layout, stages, [dict(a), stage_secs(forward=0.001, backward=0.004)])
+    after = cm.step(ctx, layout, stages, [dict(a), stage_secs(forward=0.001, backward=0.002)])
+    (_, s0), (_, s1) = volumes(cm, ctx, layout)
+    reduce = 2 * max(s0, s1)  # the ZeRO-0 all-reduce
+    # Windows 1/2 × min(0.004, 0.004), then 1/2 × min(0.004, 0.002).
+    assert before.parts["dp_comm"] == pytest.approx(reduce - 0.9 * 0.004 / 2, rel=1e-12)
+    assert after.parts["dp_comm"] == pytest.approx(reduce - 0.9 * 0.002 / 2, rel=1e-12)
+    # m·max + (Σ − max)/v: the bubble falls by 0.002/2.
+    assert after.parts["bubble"] == pytest.approx(before.parts["bubble"] - 0.001, rel=1e-9)
+    # Net: −0.001 + 0.9 × 0.001.
+    assert after.step_s == pytest.approx(before.step_s - 0.0001, rel=1e-12)
+    assert after.step_s < before.step_s
+
+
+def test_dualpipev_bubble_does_not_jump_when_the_slowest_stage_changes() -> None:
+    """The bubble unit is the mean over all stages, not the slowest stage's."""
+    layout = Layout(pp=2, schedule="dualpipev", num_microbatches=4)
+    b = stage_secs(forward=1.99)  # no backward to fill the bubble with
+    before = run_step(layout, [stage_secs(forward=1.0, backward=1.0), dict(b)])
+    after = run_step(layout, [stage_secs(forward=0.98, backward=1.0), dict(b)])
+    # Units (2 − 0.5)/2 = 0.75 (then (1.98 − 0.5)/2 = 0.74) and 1.99/2 = 0.995; the slowest
+    # stage changes from a (m·max t = 8) to b (7.96).
+    assert before.parts["bubble"] == pytest.approx((0.75 + 0.995) / 2, rel=1e-12)
+    assert after.parts["bubble"] == pytest.approx((0.74 + 0.995) / 2, rel=1e-12)
+    assert pipeline_s(before) == pytest.approx(8 + 0.8725, rel=1e-12)
+    assert pipeline_s(after) == pytest.approx(7.96 + 0.8675, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- fixed defects
+# Cases that broke "no stage getting slower, no device getting slower, makes the step
+# faster" under the earlier composition (the per-step DP windows were the critical
+# stage's; DualPipeV's bubble unit was the largest over stages and counted only the
+# backward as fill). They hold now; the matching hypothesis counterexamples are pinned
+# as @examples in test_performance_properties.py.
+
+
+def test_a_stage_overtaking_the_critical_one_does_not_speed_up_the_step() -> None:
+    """Stage 1 overtakes stage 0 by a hair with a long backward: the DP window stays the
+    shortest stage's (stage 0, no backward), so the all-reduce stays exposed and the step
+    grows by exactly the pipeline's growth."""
+    layout = Layout(pp=2, dp=8, zero=0, num_microbatches=4)
+    ctx = make_ctx(layout)
+    cm = overlap_model(dp=1.0)
+    stages = ctx.placement(layout)
+    reduce = 2 * max(s for _, s in volumes(cm, ctx, layout))  # the ZeRO-0 all-reduce
+    a = stage_secs(forward=2 * reduce)  # critical; no backward to hide the all-reduce
+    before = cm.step(ctx, layout, stages, [dict(a), stage_secs(backward=2 * reduce * 0.999)])
+    after = cm.step(ctx, layout, stages, [dict(a), stage_secs(backward=2 * reduce * 1.001)])
+    assert before.parts["forward"] == 4 * 2 * reduce  # stage 0 critical ...
+    assert after.parts["backward"] == 4 * 2 * reduce * 1.001  # ... then stage 1
+    assert before.parts["dp_comm"] == pytest.approx(reduce, rel=1e-12)
+    assert after.parts["dp_comm"] == pytest.approx(reduce, rel=1e-12)
+    # 1F1B, Σ t + (m − 1)·max t: 3.998 + 3 × 2 = 9.998, then 4.002 + 3 × 2.002 = 10.008
+    # (in units of the all-reduce).
+    assert pipeline_s(before) == pytest.approx(9.998 * reduce, rel=1e-12)
+    assert pipeline_s(after) == pytest.approx(10.008 * reduce, rel=1e-12)
+    assert after.step_s == pytest.approx(before.step_s + 0.01 * reduce, rel=1e-9)
+
+
+def test_dualpipev_fsdp_faster_peak_is_not_slower() -> None:
+    """DualPipeV + ZeRO-3 at full FSDP overlap: a faster device turns compute into exposed
+    gathers/scatters one for one, so each stage's time stays; the backward it loses is
+    exposed traffic that fills the bubble as well, and only the forward it loses shrinks
+    the unit. Per stage t = 2·gather + scatter + pp_comm (Megatron, m = 1) and
+    bwd + dp = 2·gather + scatter − fwd, so (t − (bwd + dp)/2)/2 =
+    (gather + scatter/2 + pp_comm + fwd/2)/2."""
+    layout = Layout(pp=2, dp=4, zero=3, schedule="dualpipev", num_microbatches=1)
+    ov = Overlap(fsdp=1.0)
+    fast, ctx, cm = _price(layout, faster_peak(H100), ov)
+    slow, _, _ = _price(layout, H100, ov)
+    vols = volumes(cm, ctx, layout)
+    for a, b, (gather, scatter) in zip(fast.stage_seconds, slow.stage_seconds, vols, strict=True):
+        assert sum(a.values()) == pytest.approx(sum(b.values()), rel=1e-12)
+        for s in (a, b):
+            assert sum(s.values()) == pytest.approx(2 * gather + scatter + s["pp_comm"], rel=1e-12)
+            assert sum(s.values()) - (s["backward"] + s["dp_comm"]) / 2 == pytest.approx(
+                gather + scatter / 2 + s["pp_comm"] + s["forward"] / 2, rel=1e-12
+            )
+        assert a["forward"] < b["forward"] and a["backward"] < b["backward"]
+        assert a["backward"] + a["dp_comm"] == pytest.approx(
+            b["backward"] + b["dp_comm"] + (b["forward"] - a["forward"]), rel=1e-12
+        )
+    for p in (fast, slow):
+        unit = (
+            sum((sum(s.values()) - (s["backward"] + s["dp_comm"]) / 2) / 2 for s in p.stage_seconds)
+            / 2
+        )
+        assert p.time.parts["bubble"] == pytest.approx(unit, rel=1e-12)  # (pp − 1) × mean
+    # The bubble falls by (pp − 1) × the mean of Δforward/4: Σ Δforward/8.
+    pairs = zip(fast.stage_seconds, slow.stage_seconds, strict=True)
+    shorter = sum(b["forward"] - a["forward"] for a, b in pairs) / 8
+    assert fast.time.parts["bubble"] == pytest.approx(slow.time.parts["bubble"] - shorter, rel=1e-9)
+    assert fast.time.step_s < slow.time.step_s  # 9.494 → 9.384 ms
+
+
+def test_faster_peak_switches_the_critical_stage_without_slowing_the_step() -> None:
+    """A higher peak speeds up the compute-heavy head stage (218 → 165 µs backward) until
+    the TP-heavy embedding stage (128 µs backward) is the critical one. The DP windows
+    are the shortest stage's either way (the embedding stage's), so the exposed traffic
+    grows only by what that stage's compute shrinks, and the step gets faster."""
+    model = dense_model(2)
+    layout = Layout(pp=2, tp=8, dp=2, zero=1, num_microbatches=1)
+    results = [
+        _price(layout, device, Overlap(dp=1.0), model=model) for device in (faster_peak(H100), H100)
+    ]
+    (fast, ctx, cm), (slow, _, _) = results
+    gather, scatter = (max(v[i] for v in volumes(cm, ctx, layout)) for i in (0, 1))
+    for p, _, _ in results:
+        secs = p.stage_seconds
+        window_bwd = min(s["backward"] + s["recompute"] for s in secs)
+        window_fwd = min(s["forward"] for s in secs)
+        assert window_bwd == secs[0]["backward"] and window_fwd == secs[0]["forward"]
+        assert p.time.parts["dp_comm"] == pytest.approx(
+            (scatter - window_bwd) + (gather - window_fwd), rel=1e-12
+        )
+    totals = [[sum(s.values()) for s in p.stage_seconds] for p, _, _ in results]
+    assert totals[0][0] > totals[0][1] and totals[1][1] > totals[1][0]  # the switch
+    assert fast.time.parts["dp_comm"] > slow.time.parts["dp_comm"]
+    assert fast.time.step_s < slow.time.step_s  # 2.310 → 2.231 ms

@@ -1,0 +1,677 @@
+"""The search core (spec/search.md): the loop nest and its named refusals, the pricing
+order (memory screen, lower bounds, best-first pricing), the accounting of every
+generated candidate, the ranking, and the plugin hooks it consumes (refusal rules,
+debug sinks), all through ``Planner.search`` and ``ndplan.core.search``.
+
+Small problems only: the equivalence with an unpruned, unmemoised search lives in
+tests/integration/test_search_equivalence.py."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import inspect
+import itertools
+import json
+import math
+import re
+import types
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from ndplan.adapters.sinks.files import CsvSink, JsonLinesSink
+from ndplan.bootstrap import bootstrap
+from ndplan.core import search as core_search
+from ndplan.core.context import PricingContext
+from ndplan.core.errors import InfeasibleError, InvalidInputError
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout, SearchSpace
+from ndplan.core.model import MoEFFN
+from ndplan.core.search import (
+    FIELDS,
+    RECOMPUTES,
+    SCHEDULES,
+    SearchPricing,
+    candidate_layout,
+    divisors,
+    enumerate_candidates,
+    tie_key,
+)
+from ndplan.core.units import GiB
+from ndplan.planner import Planner, PricingOptions
+from ndplan.plugins.hookspecs import hookimpl
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+
+# A tiny dense model whose shape trips most refusal rules on 16 devices: 12 heads (tp 8
+# does not divide them), an FFN width of 1002 (tp 4 does not divide it), 4 layers
+# (pp 8 and 16 exceed them).
+TINY_DENSE = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 768,
+    "intermediate_size": 1002,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+    "vocab_size": 1000,
+    "max_position_embeddings": 8192,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+# A tiny MoE whose expert width (250) tp 4 does not divide.
+TINY_MOE = {
+    "architectures": ["Qwen2MoeForCausalLM"],
+    "model_type": "qwen2_moe",
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "moe_intermediate_size": 250,
+    "shared_expert_intermediate_size": 1024,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 2,
+    "mlp_only_layers": [3],
+    "num_hidden_layers": 6,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "hidden_act": "silu",
+    "vocab_size": 1000,
+    "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS"):
+            mp.delenv(var, raising=False)
+        return Planner(bootstrap(entry_points=False))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("models")
+    out = {}
+    for name, cfg in (("dense", TINY_DENSE), ("moe", TINY_MOE)):
+        path = folder / f"{name}.json"
+        path.write_text(json.dumps(cfg), encoding="utf-8")
+        out[name] = str(path)
+    return out
+
+
+def make_ctx(
+    planner: Planner,
+    model: str,
+    n: int,
+    gbs: int,
+    seq: int = 2048,
+    *,
+    max_mem: float | None = None,
+    memo: bool = True,
+) -> tuple[PricingContext, PricingOptions]:
+    opts = PricingOptions(max_mem_gib=max_mem, memoize=memo)
+    ctx = planner.context(
+        planner.model(model),
+        planner.device("h100"),
+        n,
+        Job(global_batch_size=gbs, seq_length=seq),
+        options=opts,
+    )
+    return ctx, opts
+
+
+def as_candidate(d: dict) -> tuple[int, ...]:
+    """The candidate tuple back from ``candidate_dict``."""
+    v = dict(d)
+    v["sp"] = int(d["sp"])
+    v["offload_optimizer"] = int(d["offload_optimizer"])
+    v["recompute"] = RECOMPUTES.index(d["recompute"])
+    v["schedule"] = SCHEDULES.index(d["schedule"])
+    if "split" in d and isinstance(d["split"], str):  # how layers split over chunks
+        v["split"] = core_search.SPLITS.index(d["split"])
+    return tuple(v[f] for f in FIELDS)
+
+
+def layout_of(c: tuple[int, ...], ctx: PricingContext) -> Layout:
+    """``candidate_layout``, with the layer count when it takes one (uneven splits)."""
+    if "num_layers" in inspect.signature(candidate_layout).parameters:
+        return candidate_layout(c, ctx.model.num_layers)
+    return candidate_layout(c)
+
+
+def moe_shape(ctx: PricingContext) -> tuple[int | None, int | None]:
+    for kind in ctx.model.kinds:
+        if isinstance(kind.ffn, MoEFFN):
+            return kind.ffn.num_experts, kind.ffn.expert_intermediate_size
+    return None, None
+
+
+class Recorder:
+    """An in-test debug sink: the records in the order the search emits them."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, dict, object]] = []
+
+    def open(self, directory) -> None:
+        pass
+
+    def memory(self, candidate, parts) -> None:
+        self.records.append(("memory", dict(candidate), dict(parts)))
+
+    def time(self, candidate, parts) -> None:
+        self.records.append(("time", dict(candidate), dict(parts)))
+
+    def refusal(self, candidate, reason) -> None:
+        self.records.append(("refusal", dict(candidate), reason))
+
+    def close(self) -> None:
+        pass
+
+    def reasons(self) -> Counter:
+        return Counter(r for kind, _, r in self.records if kind == "refusal")
+
+
+# ----------------------------------------------------------------------------- the loop nest
+
+
+def test_divisors_are_every_divisor_in_order() -> None:
+    for n in (1, 2, 12, 36, 64, 97, 360, 2048):
+        assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_valid(ctx: PricingContext, c: tuple[int, ...]) -> None:
+    """Every rule of spec/search.md § Candidates, checked on one generated candidate."""
+    f = dict(zip(FIELDS, c, strict=True))
+    tp, pp, cp, dp, ep, etp, vpp = (f[k] for k in ("tp", "pp", "cp", "dp", "ep", "etp", "vpp"))
+    mbs, m, zero, sp, offload = (
+        f[k] for k in ("mbs", "num_microbatches", "zero", "sp", "offload_optimizer")
+    )
+    rec, sched, uneven = f["recompute"], f["schedule"], f.get("split", 0)
+    n, gbs, seq = ctx.cluster.num_devices, ctx.job.global_batch_size, ctx.job.seq_length
+    heads, kv = ctx.model.head_count_for_tp
+    layers = ctx.model.num_layers
+    experts, expert_width = moe_shape(ctx)
+    assert tp * pp * cp * dp == n, c
+    assert dp * mbs * m == gbs, c
+    assert tp <= ctx.cluster.scale_up_domain, c
+    assert heads % tp == 0 and (kv % tp == 0 or tp % kv == 0), c
+    for kind in ctx.model.kinds:
+        if not isinstance(kind.ffn, MoEFFN):
+            assert kind.ffn.intermediate_size % tp == 0, c
+    assert pp <= layers, c
+    assert cp == 1 or seq % (2 * cp) == 0, c
+    schedule = SCHEDULES[sched]
+    if pp == 1:
+        assert (vpp, schedule) == (1, "1f1b"), c
+    if vpp > 1:
+        assert schedule == "interleaved", c
+        assert m % pp == 0, c
+        # an even split, or (where the framework allows) embedding and loss as a layer each
+        assert layers % (pp * vpp) == 0 if not uneven else (layers + 2) % (pp * vpp) == 0, c
+    else:
+        assert schedule != "interleaved" and not uneven, c
+    if experts is None:
+        assert (ep, etp) == (1, tp), c
+    else:
+        assert experts % ep == 0 and (dp * cp * tp) % (ep * etp) == 0, c
+        assert expert_width % etp == 0, c
+        if tp > 1 and ctx.framework.name == "megatron":
+            assert sp, c  # Megatron's MoE needs SP with TP
+    assert zero in ctx.framework.zero_stages, c
+    assert not sp or tp > 1, c
+    assert RECOMPUTES[rec] in ("none", "selective", "full", "auto") and offload in (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("model", "n", "gbs", "seq"),
+    [
+        ("dense", 16, 12, 2050),
+        ("moe", 8, 8, 2048),
+        ("llama-3-8b", 16, 64, 4096),
+        ("mixtral-8x7b", 16, 32, 4096),
+        ("deepseek-v2-lite", 8, 16, 4096),
+    ],
+)
+def test_the_loop_nest_builds_only_valid_candidates_and_counts_every_refusal(
+    planner, tiny, model, n, gbs, seq
+) -> None:
+    ctx, _ = make_ctx(planner, tiny.get(model, model), n, gbs, seq)
+    space = SearchSpace(recompute=("auto", "none"), schedule=tuple(ctx.framework.schedules))
+    enum = enumerate_candidates(ctx, space, record=True)
+    assert enum.candidates
+    assert len(set(enum.candidates)) == len(enum.candidates), "a candidate generated twice"
+    for c in enum.candidates:
+        check_valid(ctx, c)
+    # Every generated candidate is either kept or refused under exactly one named reason.
+    assert enum.generated == sum(enum.refused.values()) + len(enum.candidates)
+    assert Counter(reason for _, reason in enum.refusals) == enum.refused
+    assert all(isinstance(r, str) and r for r in enum.refused)
+
+
+def test_the_loop_nest_misses_no_valid_layout(planner) -> None:
+    """Against a brute force over every integer degree and micro-batch size."""
+    n, gbs, seq = 16, 32, 4096
+    ctx, _ = make_ctx(planner, "llama-3-8b", n, gbs, seq)
+    space = SearchSpace(
+        zero=(1,), offload_optimizer=(False,), recompute=("none",), vpp=(1,), sp=(True,)
+    )
+    got = {(c[0], c[1], c[2], c[3], c[7]) for c in enumerate_candidates(ctx, space).candidates}
+    heads, kv = ctx.model.head_count_for_tp
+    want = set()
+    for tp, pp, cp in itertools.product(range(1, n + 1), repeat=3):
+        if n % (tp * pp * cp):
+            continue
+        dp = n // (tp * pp * cp)
+        if tp > 8 or heads % tp or (kv % tp and tp % kv) or 14336 % tp:
+            continue
+        if pp > ctx.model.num_layers or (cp > 1 and seq % (2 * cp)):
+            continue
+        want |= {(tp, pp, cp, dp, mbs) for mbs in range(1, gbs + 1) if gbs % (dp * mbs) == 0}
+    assert got == want
+
+
+def test_fixed_and_listed_values_are_all_that_is_generated(planner) -> None:
+    ctx, _ = make_ctx(planner, "llama-3-8b", 16, 64, 4096)
+    enum = enumerate_candidates(ctx, SearchSpace(tp=(8,)))
+    assert enum.candidates and {c[0] for c in enum.candidates} == {8}
+    space = SearchSpace(tp=(2, 4), pp=(1, 2), mbs=(2,), zero=(3,), recompute=("full",))
+    enum = enumerate_candidates(ctx, space)
+    assert {(c[0], c[1]) for c in enum.candidates} == {(2, 1), (2, 2), (4, 1), (4, 2)}
+    assert {(c[7], c[9], RECOMPUTES[c[12]]) for c in enum.candidates} == {(2, 3, "full")}
+
+
+def _dp(d: dict, n: int) -> int:
+    return d.get("dp") or n // (d["tp"] * d["pp"] * d["cp"])
+
+
+# (model, devices, gbs, seq, reason, what every refused record shows, the same for candidates)
+REASONS = [
+    ("dense", 16, 12, 2050, "tp_beyond_scale_up_domain", lambda d, n: d["tp"] > 8),
+    ("dense", 16, 12, 2050, "tp_not_dividing_heads", lambda d, n: 12 % d["tp"] != 0),
+    ("dense", 16, 12, 2050, "tp_not_dividing_ffn", lambda d, n: 1002 % d["tp"] != 0),
+    ("dense", 16, 12, 2050, "pp_exceeds_layers", lambda d, n: d["pp"] > 4),
+    ("dense", 16, 12, 2050, "cp_not_dividing_sequence", lambda d, n: 2050 % (2 * d["cp"]) != 0),
+    ("dense", 16, 12, 2050, "batch_not_divisible_by_dp", lambda d, n: 12 % _dp(d, n) != 0),
+    (
+        "llama-3-8b",
+        16,
+        24,
+        2048,
+        "interleaved_needs_microbatches_multiple_of_pp",
+        lambda d, n: d["num_microbatches"] % d["pp"] != 0 and d.get("vpp", 2) > 1,
+    ),
+    ("moe", 8, 8, 2048, "moe_tp_needs_sp", lambda d, n: d["tp"] > 1 and not d["sp"]),
+    (
+        "moe",
+        8,
+        8,
+        2048,
+        "ep_etp_not_dividing_group",
+        lambda d, n: (_dp(d, n) * d["cp"] * d["tp"]) % (d["ep"] * d["etp"]) != 0,
+    ),
+    ("moe", 8, 8, 2048, "etp_not_dividing_expert_ffn", lambda d, n: 250 % d["etp"] != 0),
+]
+
+
+@pytest.mark.parametrize(("model", "n", "gbs", "seq", "reason", "shows"), REASONS)
+def test_each_refusal_is_counted_under_its_name_and_means_what_it_says(
+    planner, tiny, model, n, gbs, seq, reason, shows
+) -> None:
+    ctx, _ = make_ctx(planner, tiny.get(model, model), n, gbs, seq)
+    space = SearchSpace(recompute=("auto",), etp=None, sp=None)
+    enum = enumerate_candidates(ctx, space, record=True)
+    refused = [d for d, r in enum.refusals if r == reason]
+    assert enum.refused[reason] == len(refused) > 0
+    for degrees in refused:
+        assert shows(degrees, n), (reason, degrees)
+    # ... and nothing it should have refused got through.
+    for c in enum.candidates:
+        d = dict(zip(FIELDS, c, strict=True))
+        if reason == "moe_tp_needs_sp":
+            d["sp"] = bool(d["sp"])
+        if reason == "interleaved_needs_microbatches_multiple_of_pp":
+            assert not (d["vpp"] > 1 and d["num_microbatches"] % d["pp"]), c
+            continue
+        assert not shows(d, n), (reason, c)
+
+
+# ----------------------------------------------------------------------------- bounds
+
+
+def test_bounds_never_exceed_the_priced_step_time(planner) -> None:
+    """Bounding is only exact if the cheap bound ≤ the exact bound ≤ the step time for
+    every candidate, every schedule (1F1B/GPipe and interleaved/DualPipeV formulas)."""
+    ctx, opts = make_ctx(planner, "llama-3-8b", 8, 32, 4096, max_mem=30)
+    space = SearchSpace(
+        recompute=("auto", "full"),
+        zero=(1,),
+        offload_optimizer=(False,),
+        schedule=tuple(ctx.framework.schedules),
+    )
+    outcome = planner.search(ctx, space, top_k=5, options=opts, bounding=False)
+    assert outcome.result.summary.bounded == 0
+    seen = Counter()
+    fresh, _ = make_ctx(planner, "llama-3-8b", 8, 32, 4096, max_mem=30)
+    pricing = SearchPricing(planner.pricer(fresh, opts))
+    for d, priced in outcome.ranking:
+        c = as_candidate(d)
+        quick = pricing.quick_bound(c)
+        (screened,) = pricing.screen([c])
+        assert screened.fits
+        tol = 1e-12 * priced.step_s
+        assert quick <= screened.bound_s + tol, (d, quick, screened.bound_s)
+        assert screened.bound_s <= priced.step_s + tol, (d, screened.bound_s, priced.step_s)
+        seen[d["schedule"]] += 1
+    assert set(seen) >= {"1f1b", "interleaved"} | (
+        {"gpipe"} if "gpipe" in ctx.framework.schedules else set()
+    )
+
+
+# ----------------------------------------------------------------------------- accounting
+
+ACCOUNTING = [
+    # model, devices, gbs, seq, max-mem, space, bounding
+    ("llama-3-8b", 8, 32, 4096, 30, SearchSpace(recompute=("auto",)), True),
+    ("llama-3-8b", 8, 32, 4096, 30, SearchSpace(recompute=("auto",), zero=(1,)), False),
+    ("llama-3-70b", 8, 16, 4096, None, SearchSpace(recompute=("none", "full")), True),
+    ("mixtral-8x7b", 8, 16, 4096, None, SearchSpace(recompute=("auto",)), True),
+    ("deepseek-v2-lite", 8, 16, 4096, 40, SearchSpace(recompute=("selective",)), True),
+]
+
+
+@pytest.mark.parametrize(("model", "n", "gbs", "seq", "max_mem", "space", "bounding"), ACCOUNTING)
+def test_every_generated_candidate_is_accounted_for_once(
+    planner, model, n, gbs, seq, max_mem, space, bounding
+) -> None:
+    """From the code: generated = Σ refused + |candidates|, and each candidate is either
+    over memory at the screen, never examined (bounded), or priced — and a priced one
+    that does not fit is counted over memory too. So, exactly,
+        generated = Σ refused + over_memory + bounded + (priced − priced over memory),
+    where priced − priced over memory = the kept plans (``outcome.ranking``). Pricing
+    never finds an overflow the screen missed, so priced = kept, and the summary's
+    plain sum generated = Σ refused + over_memory + bounded + priced holds too."""
+    ctx, opts = make_ctx(planner, model, n, gbs, seq, max_mem=max_mem)
+    rec = Recorder()
+    outcome = planner.search(ctx, space, top_k=5, options=opts, bounding=bounding, sinks=[rec])
+    s = outcome.result.summary
+    kept = len(outcome.ranking)
+    assert s.generated == sum(s.refused.values()) + s.over_memory + s.bounded + kept
+    assert s.priced == kept
+    assert s.generated == sum(s.refused.values()) + s.over_memory + s.bounded + s.priced
+    assert s.priced > 0 and (s.bounded > 0) == bounding  # each case really prunes, or not
+    # The same accounting, record by record (the sinks see every one).
+    reasons = rec.reasons()
+    assert {r: reasons[r] for r in s.refused} == s.refused
+    assert sum(v for r, v in reasons.items() if r.startswith("over_memory (")) == s.over_memory
+    assert reasons["bounded"] == s.bounded
+    assert sum(reasons.values()) == sum(s.refused.values()) + s.over_memory + s.bounded
+    memory_rows = [c for kind, c, _ in rec.records if kind == "memory"]
+    time_rows = [c for kind, c, _ in rec.records if kind == "time"]
+    assert len(memory_rows) == s.priced and memory_rows == time_rows
+    assert len({tuple(sorted(c.items())) for c in memory_rows}) == s.priced
+    assert {tuple(sorted(c.items())) for c in memory_rows} == {
+        tuple(sorted(d.items())) for d, _ in outcome.ranking
+    }
+
+
+# ----------------------------------------------------------------------------- ranking
+
+
+def test_the_ranking_is_by_step_then_peak_then_degrees_and_plans_match_estimate(planner) -> None:
+    ctx, opts = make_ctx(planner, "llama-3-70b", 8, 31, 4096)  # dp 1 only: many near-ties
+    outcome = planner.search(ctx, SearchSpace(recompute=("auto",)), top_k=8, options=opts)
+    keys = [(p.step_s, p.peak_bytes, tie_key(as_candidate(d))) for d, p in outcome.ranking]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys)
+    plans = outcome.result.plans
+    assert [p.rank for p in plans] == list(range(1, 9))
+    for plan, (d, priced) in zip(plans, outcome.ranking, strict=False):
+        dumped = plan.layout.model_dump()
+        assert {k: dumped[k] for k in d if k in dumped} == {k: d[k] for k in d if k in dumped}
+        assert set(d) - set(dumped) <= {"split"}
+        assert plan.time.step_s == priced.step_s
+        assert plan.memory.peak_bytes == priced.peak_bytes
+        assert plan.memory.fits
+    # A plan is what `estimate` prices for its layout (fresh caches).
+    fresh, _ = make_ctx(planner, "llama-3-70b", 8, 31, 4096)
+    for plan in plans[:3]:
+        again = planner.estimate(fresh, plan.layout, opts)
+        assert again.time.step_s == plan.time.step_s
+        assert again.memory == plan.memory
+        assert again.recompute == plan.recompute
+
+
+def test_the_same_search_twice_gives_the_same_result(planner) -> None:
+    runs = []
+    for _ in range(2):
+        ctx, opts = make_ctx(planner, "qwen3-30b-a3b", 8, 16, 4096, max_mem=70)
+        out = planner.search(ctx, SearchSpace(recompute=("auto",)), top_k=5, options=opts)
+        runs.append(out)
+    a, b = (r.result.model_dump(exclude={"summary": {"seconds"}}) for r in runs)
+    assert a == b
+    assert [d for d, _ in runs[0].ranking] == [d for d, _ in runs[1].ranking]
+
+
+# ----------------------------------------------------------------------------- no plan
+
+
+def _over(record_reason: str) -> tuple[int, float]:
+    m = re.fullmatch(r"over_memory \(stage (\d+) by (\d+\.\d\d) GiB\)", record_reason)
+    assert m, record_reason
+    return int(m.group(1)), float(m.group(2))
+
+
+@pytest.mark.parametrize("policies", [("auto",), ("none", "selective")])
+def test_over_memory_records_and_the_closest_miss_match_pricing(planner, policies) -> None:
+    """Each "over_memory (stage k by X GiB)" is what pricing the layout gives (at full
+    recompute when RECOMPUTE is searched, else as stated), and the error names the
+    smallest miss, with enough of the layout to price it again."""
+    ctx, opts = make_ctx(planner, "llama-3-70b", 8, 16, 4096, max_mem=12)
+    rec = Recorder()
+    space = SearchSpace(recompute=policies, mbs=(1,), vpp=(1,), cp=(1, 2))
+    with pytest.raises(InfeasibleError) as err:
+        planner.search(ctx, space, top_k=3, options=opts, sinks=[rec])
+    over = [(c, r) for kind, c, r in rec.records if kind == "refusal" and r.startswith("over_")]
+    assert over and not [r for kind, _, r in rec.records if kind == "memory"]
+    fresh, _ = make_ctx(planner, "llama-3-70b", 8, 16, 4096, max_mem=12)
+    pricer = planner.pricer(fresh, opts)
+    best = None
+    for candidate, reason in over:
+        stage, by = _over(reason)
+        layout = layout_of(as_candidate(candidate), fresh)
+        if layout.recompute == "auto":
+            layout = layout.model_copy(update={"recompute": "full"})
+        priced = pricer.price(layout)
+        over_bytes = priced.peak_bytes - fresh.budget_bytes
+        assert not priced.fits
+        assert (priced.peak_stage, f"{over_bytes / GiB:.2f}") == (stage, f"{by:.2f}"), candidate
+        if best is None or over_bytes < best[0]:
+            best = (over_bytes, stage, candidate)
+    message = str(err.value)
+    assert "\n" not in message
+    over_bytes, stage, candidate = best
+    assert f"is over by {over_bytes / GiB:.2f} GiB on stage {stage}" in message
+    m = re.search(r"closest: (.*) \((.*)\) is over", message)
+    assert m, message
+    degrees = dict(zip(m.group(1).split()[::2], map(int, m.group(1).split()[1::2]), strict=True))
+    assert degrees == {k: candidate[k] for k in degrees}
+    assert set(degrees) >= {"tp", "pp", "vpp", "cp", "dp", "ep", "etp", "mbs", "zero"}
+    extras = m.group(2).split(", ")
+    assert extras[0] == f"sp {'on' if candidate['sp'] else 'off'}"
+    assert extras[1] == candidate["schedule"]
+    policy = "full" if candidate["recompute"] == "auto" else candidate["recompute"]
+    assert extras[2] == f"recompute {policy}"
+    assert ("optimizer offloaded" in extras) == candidate["offload_optimizer"]
+    assert ("even with full recompute" in message) == (policies == ("auto",))
+
+
+@pytest.mark.parametrize(
+    ("model", "n", "gbs", "space"),
+    [
+        ("llama-3-8b", 8, 7, SearchSpace(dp=(2,))),  # a prime batch, dp fixed
+        ("llama-3-8b", 8, 4, SearchSpace(tp=(1,), pp=(1,), cp=(1,))),  # dp 8 > gbs 4
+        # tp 16 is refused (beyond the scale-up domain) before the batch check: this
+        # exited 1, "no layout survived the refusal rules".
+        ("llama-3-8b", 16, 7, SearchSpace(dp=(2,))),
+        # only tp 1 divides 25 heads: the reachable list offered 3 itself (via dp 1).
+        ("gpt2-xl", 8, 3, SearchSpace(pp=(1,), cp=(1,))),
+        # dp 64: the list of reachable batches was empty.
+        ("llama-3-8b", 64, 7, SearchSpace(tp=(1,), pp=(1,), cp=(1,))),
+    ],
+)
+def test_an_unreachable_batch_is_invalid_input_listing_reachable_ones(
+    planner, model, n, gbs, space
+) -> None:
+    ctx, opts = make_ctx(planner, model, n, gbs)
+    with pytest.raises(InvalidInputError) as err:
+        planner.search(ctx, space, options=opts)
+    message = str(err.value)
+    assert "\n" not in message and f"global batch {gbs}" in message
+    listed = [int(v) for v in message.split("reachable batches near it: ")[1].split(", ")]
+    assert listed and listed == sorted(listed) and gbs not in listed
+    for value in listed:  # every value offered really is reachable with the same space
+        ctx_v, _ = make_ctx(planner, model, n, value)
+        enum = enumerate_candidates(ctx_v, space)
+        assert enum.candidates, value
+    # The listed values are the nearest reachable ones: none closer was left out.
+    reach = (
+        [
+            v
+            for v in range(1, max(listed) + 1)
+            if enumerate_candidates(make_ctx(planner, model, n, v)[0], space).candidates
+        ]
+        if n <= 16
+        else listed
+    )
+    assert sorted(reach, key=lambda v: (abs(v - gbs), v))[: len(listed)] == sorted(
+        listed, key=lambda v: (abs(v - gbs), v)
+    )
+
+
+@pytest.mark.parametrize(
+    "space", [SearchSpace(tp=(3,)), SearchSpace(dp=(16,)), SearchSpace(zero=(2,))]
+)
+def test_a_space_no_layout_satisfies_is_invalid_input(planner, space) -> None:
+    ctx, opts = make_ctx(planner, "llama-3-8b", 8, 8)
+    with pytest.raises(InvalidInputError):
+        planner.search(ctx, space, options=opts)
+
+
+# ----------------------------------------------------------------------------- plugins
+
+
+def test_a_third_party_refusal_rule_refuses_and_is_counted_by_name(planner) -> None:
+    calls = []
+
+    def no_pipeline(layout, context):
+        calls.append((type(layout), type(context)))
+        return "pipelines are off limits" if layout.pp > 1 else None
+
+    @hookimpl
+    def ndplan_register_refusal_rules(registry):
+        registry.add("test_no_pipeline", no_pipeline)
+
+    plugin = types.SimpleNamespace(
+        __name__="test-search-rules", ndplan_register_refusal_rules=ndplan_register_refusal_rules
+    )
+    ruled = Planner(bootstrap(entry_points=False, extra=[plugin]))
+    assert [n for n, _ in ruled.components.refusal_rules.rules] == ["test_no_pipeline"]
+    ctx, opts = make_ctx(planner, "llama-3-8b", 8, 32, 4096)
+    space = SearchSpace(recompute=("auto",), zero=(1,))
+    free = enumerate_candidates(ctx, space)
+    with_pp = sum(1 for c in free.candidates if c[1] > 1)
+    assert with_pp > 0
+    ctx, opts = make_ctx(ruled, "llama-3-8b", 8, 32, 4096)
+    outcome = ruled.search(ctx, space, top_k=5, options=opts)
+    s = outcome.result.summary
+    assert s.refused["test_no_pipeline"] == with_pp
+    assert s.generated == free.generated
+    assert {k: v for k, v in s.refused.items() if k != "test_no_pipeline"} == dict(free.refused)
+    assert all(d["pp"] == 1 for d, _ in outcome.ranking)
+    assert set(calls) == {(Layout, type(ctx))}
+    assert len(calls) == len(free.candidates)  # asked once per candidate that got that far
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _as_csv(row: dict, header: list[str]) -> dict[str, str]:
+    out = {}
+    for key in header:
+        value = row.get(key, "")
+        out[key] = repr(value) if isinstance(value, float) else str(value)
+    return out
+
+
+def _merged(candidate: dict, parts: dict, kind: str) -> dict:
+    return {**candidate, **{(f"{kind}.{k}" if k in candidate else k): v for k, v in parts.items()}}
+
+
+def assert_same_stream(records: list[tuple[str, dict, object]], folder: Path) -> None:
+    """A sink's record stream equals what the CSV sink (debug_mem/perf/refusals.csv) and
+    the JSON-lines sink (debug.jsonl) wrote into ``folder``."""
+    for kind, name in (("memory", "debug_mem.csv"), ("time", "debug_perf.csv")):
+        rows = _csv_rows(folder / name)
+        header = list(rows[0]) if rows else []
+        mine = [_as_csv(_merged(c, p, k), header) for k, c, p in records if k == kind]
+        assert rows == mine, name
+        if rows:
+            assert header[: len(FIELDS)] == list(FIELDS)
+            # every field is the candidate's (a part with a field's name is prefixed)
+            fields = [{f: r[f] for f in FIELDS} for r in rows]
+            want = [_as_csv(c, list(FIELDS)) for k, c, _ in records if k == kind]
+            assert fields == want, name
+    rows = _csv_rows(folder / "debug_refusals.csv")
+    header = list(rows[0])
+    assert header[0] == "reason"
+    mine = [_as_csv({**c, "reason": r}, header) for k, c, r in records if k == "refusal"]
+    assert rows == mine
+    lines = (folder / "debug.jsonl").read_text(encoding="utf-8").splitlines()
+    jsonl = [json.loads(line) for line in lines]
+    mine_json = [
+        {"record": k, "candidate": c, "parts": p}
+        if k != "refusal"
+        else {"record": k, "candidate": c, "reason": p}
+        for k, c, p in records
+    ]
+    assert jsonl == json.loads(json.dumps(mine_json))
+
+
+def test_a_third_party_debug_sink_receives_what_the_builtin_sinks_write(
+    planner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    search_sink = importlib.import_module("search_sink")
+    components = bootstrap(entry_points=False, extra=[search_sink])
+    sinks = [components.debug_sinks.get(name)() for name in ("csv", "jsonl", "recorder")]
+    assert isinstance(sinks[0], CsvSink) and isinstance(sinks[1], JsonLinesSink)
+    for sink in sinks:
+        sink.open(tmp_path)
+    planner_p = Planner(components)
+    ctx, opts = make_ctx(planner_p, "llama-3-8b", 8, 32, 4096, max_mem=30)
+    outcome = planner_p.search(
+        ctx, SearchSpace(recompute=("auto",)), top_k=3, options=opts, sinks=sinks
+    )
+    for sink in sinks:
+        sink.close()
+    records = sinks[2].records
+    s = outcome.result.summary
+    assert sum(1 for k, *_ in records if k == "memory") == s.priced > 0
+    kinds = Counter(r for k, _, r in records if k == "refusal")
+    assert kinds["bounded"] == s.bounded > 0
+    assert sum(v for r, v in kinds.items() if r.startswith("over_memory (")) == s.over_memory > 0
+    assert_same_stream(records, tmp_path)
+    # Memory parts sum to the peak, on the peak stage; time parts carry the step.
+    kept = {tuple(sorted(d.items())): p for d, p in outcome.ranking}
+    for kind, c, parts in records:
+        if kind == "memory":
+            p = kept[tuple(sorted(c.items()))]
+            assert parts["total"] == p.peak_bytes and parts["stage"] == p.peak_stage
+            assert sum(v for k, v in parts.items() if k not in ("total", "stage")) == p.peak_bytes
+        elif kind == "time":
+            assert parts["step"] == kept[tuple(sorted(c.items()))].step_s
+            assert math.isclose(sum(v for k, v in parts.items() if k != "step"), parts["step"])
