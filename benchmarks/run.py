@@ -9,7 +9,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from . import accuracy, bench_knapsack, bench_search
+from . import accuracy, bench_knapsack, bench_search, search_quality
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "docs" / "benchmarks.md"
@@ -47,6 +47,7 @@ def main() -> int:
         "",
     ]
     accuracy.main()
+    search_quality.main()
     sections.append(bench_search.markdown(bench_search.main()))
     sections.append(knapsack_markdown(bench_knapsack.main()))
     try:

@@ -219,7 +219,13 @@ class CalibrationSpace:
     def calibration(self, x: np.ndarray, **fit: float) -> Calibration:
         values = dict(zip((p.name for p in self.params), (float(v) for v in x), strict=True))
         shared = {f: values[f"shared.{f}"] for f, _, _ in SHARED_FIELDS}
-        default = self.base.default.model_copy(update=shared)
+        # A device type no measured row covers (MI300X, Ascend, ...) gets the mean of the
+        # fitted generations, not an unfitted guess.
+        mean = {
+            f: sum(values[f"{fam}.{f}"] for fam in self.families) / len(self.families)
+            for f in DEVICE_FIELDS
+        }
+        default = self.base.default.model_copy(update={**shared, **mean})
         devices = dict(self.base.devices)
         for fam in self.families:
             update = {**shared, **{f: values[f"{fam}.{f}"] for f in DEVICE_FIELDS}}

@@ -67,7 +67,9 @@ class Skip:
 def read_rows(path: Path) -> list[dict[str, str]]:
     try:
         with path.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
+            # Fix: restval="" — a short row's missing cells read as unstated, not None
+            # (None crashed the interpreter with an AttributeError, exit 5).
+            reader = csv.DictReader(fh, restval="")
             missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
             if missing:
                 raise InvalidInputError(
@@ -76,6 +78,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
             return list(reader)
     except OSError as exc:
         raise InvalidInputError(f"{path}: cannot read ({exc.strerror})") from None
+    # Fix: bad input is exit 3, not an internal error (exit 5).
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise InvalidInputError(f"{path}: cannot parse as a UTF-8 CSV ({exc})") from None
 
 
 def _int(value: str) -> int | None:
@@ -204,7 +209,11 @@ class RunInterpreter:
                 named = [(pid, self._preset(pid))]
             except NdplanError as exc:
                 return None, str(exc)
-        for pid, spec in named + self._all_presets():
+        # Fix: match shapes against every preset only when the row states them (layers and
+        # hidden): with nothing stated, every preset "agrees" and an unknown label (e.g.
+        # DeepSeekV4 Flash) was priced as whichever preset came first (DeepSeek-V2 236B).
+        states_shapes = all(_int(row.get(c, "")) is not None for c in ("layers", "hidden"))
+        for pid, spec in named + (self._all_presets() if states_shapes else []):
             if _agrees(spec, row):
                 return spec, pid
         if named:

@@ -115,9 +115,31 @@ def _interrupted(exc: BaseException) -> bool:
     return False
 
 
+def join_vary_words(argv: list[str]) -> list[str]:
+    """``-l TP PP CP`` as users type it: fold the dimension names that follow -l/--vary
+    into one value (click options take one word each)."""
+    from ndplan.core.layout import DIMENSIONS
+
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        out.append(argv[i])
+        if argv[i] in ("-l", "--vary") and i + 1 < len(argv):
+            words = [argv[i + 1]]
+            i += 2
+            while i < len(argv) and argv[i].upper() in DIMENSIONS:
+                words.append(argv[i])
+                i += 1
+            out.append(",".join(words))
+            continue
+        i += 1
+    return out
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; never raises (NDPLAN_DEBUG=1 adds tracebacks)."""
     debug = os.environ.get("NDPLAN_DEBUG") == "1"
+    argv = join_vary_words(list(sys.argv[1:] if argv is None else argv))
     try:
         result = app(args=argv, prog_name="ndplan", standalone_mode=False)
     except typer.Exit as exc:

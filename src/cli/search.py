@@ -438,6 +438,12 @@ def search_cmd(
     exhaustive: Annotated[
         bool, typer.Option("--exhaustive", help="Price every candidate (no bounding).")
     ] = False,
+    no_memo: Annotated[
+        bool,
+        typer.Option(
+            "--no-memo", hidden=True, help="Recompute every part per candidate (benchmarks only)."
+        ),
+    ] = False,
     jobs: JobsOpt = None,
     executor: ExecutorOpt = None,
     ray_address: RayAddressOpt = None,
@@ -456,6 +462,7 @@ def search_cmd(
             if out is not None and out.exists() and not force:
                 raise InvalidInputError(f"{out}: exists; pass --force to overwrite it")
         options = PricingOptions(
+            memoize=not no_memo,
             max_mem_gib=max_mem,
             balance_reserve_gib=reserve,
             reserve_gib=runtime_reserve,

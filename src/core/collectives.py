@@ -55,14 +55,12 @@ def group_link(cluster: Cluster, eff: DeviceEfficiency, size: int, stride: int) 
         # other over only their k − 1 direct links, as a k-member group inside the domain.
         intra = up.group_bytes_per_s(members) * eff.scale_up_bus
     out = device.scale_out
-    # A ring crossing domains enters each node once per channel; with one NIC per device
-    # and a channel per NIC, the group's members in one node share the load, so the ring
-    # runs at that many × the per-device network rate (capped by the in-domain hops).
-    # Counted per node, not per scale-up domain: an NVL72 rack is 18 hosts whose rings
-    # leave through their own NICs.
-    per_node = cluster.per_node
-    nic_sharers = max(1, per_node // stride) if stride < per_node else 1
-    ring = min(min(members, nic_sharers) * out.bytes_per_s * eff.scale_out_bus, intra)
+    # A ring crossing domains enters each domain once per channel; with one NIC per
+    # device and a channel per NIC, the group's k members in a domain share the load, so
+    # the ring runs at k × the per-device network rate (capped by the in-domain hops).
+    # The measured multi-rack NVL72 FSDP runs need the whole rack's NICs: counting only
+    # one host's four over-predicts their step time by more than 2×.
+    ring = min(members * out.bytes_per_s * eff.scale_out_bus, intra)
     return GroupLink(size, ring, out.latency_s, members, intra, out.bytes_per_s * eff.scale_out_bus)
 
 

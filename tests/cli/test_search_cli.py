@@ -16,7 +16,8 @@ import pytest
 
 from ndplan.cli import output
 from ndplan.cli.app import run
-from ndplan.core.search import FIELDS
+from ndplan.core.search import FIELDS, SearchPricing
+from ndplan.planner import Planner
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 SMALL = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "2048", "-j", "1")
@@ -519,3 +520,34 @@ def test_demo_runs_and_prints_a_ranking(capsys, monkeypatch: pytest.MonkeyPatch)
     assert "best layouts" in out and "Llama 3 70B on 64" in out
     assert re.search(r"│\s*1\s*│", out) and "generated " in out
     assert err.startswith("ndplan demo: ")
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+
+
+def test_ctrl_c_inside_a_compiled_kernel_is_an_interrupt(capsys, monkeypatch) -> None:
+    """A KeyboardInterrupt raised inside a numba kernel surfaces as a SystemError caused
+    by it ("... returned a result with an exception set"): still exit 130, one line."""
+
+    def interrupted(self, candidates):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise SystemError(
+                "CPUDispatcher(<function dp_choose>) returned a result with an exception set"
+            ) from exc
+
+    monkeypatch.setattr(SearchPricing, "price", interrupted)
+    code, out, err = invoke(capsys, "search", *SMALL, "--json")
+    assert (code, out) == (130, "")
+    assert one_error_line(err) == "ndplan: error: interrupted"
+
+
+def test_ctrl_c_while_searching_says_so(capsys, monkeypatch) -> None:
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Planner, "search", interrupted)
+    code, out, err = invoke(capsys, "search", *SMALL, "--json")
+    assert (code, out) == (130, "")
+    assert one_error_line(err) == "ndplan: error: interrupted"

@@ -123,6 +123,22 @@ CASES = {
         None,
         SearchSpace(recompute=("full", "selective"), mbs=(1,), vpp=(1,), **FIXED),
     ),
+    "dense-zero-offload-tight": (
+        "llama-3-8b",
+        8,
+        32,
+        4096,
+        20,
+        SearchSpace(recompute=("auto",), mbs=(1,), vpp=(1,)),  # ZeRO 0/1/3, offload on/off
+    ),
+    "moe-mixtral-etp": (
+        "mixtral-8x7b",
+        32,
+        64,
+        4096,
+        60,
+        SearchSpace(recompute=("auto",), mbs=(1,), vpp=(1,), etp=(1, 2, 4, 8), pp=(1, 2), **FIXED),
+    ),
     "mla-deepseek-auto": (
         "deepseek-v2-lite",
         8,

@@ -12,17 +12,24 @@ also when it becomes the critical stage. More micro-batches of the same size lea
 bubble unchanged (or smaller, where a once-per-step ZeRO-3 scatter spreads), so its
 share of the step falls.
 
-The counterexamples hypothesis found under the earlier composition (DualPipeV + ZeRO-3
-with a bubble unit counting only the backward as fill; per-step DP windows taken from the
-critical stage) are pinned with ``@example`` as regressions.
+Layouts split their layers evenly or, in half of the pipelined cases, unevenly (down to
+chunks without layers). The counterexamples hypothesis found under the earlier
+composition (DualPipeV + ZeRO-3 with a bubble unit counting only the backward as fill;
+per-step DP windows taken from the critical stage) are pinned with ``@example`` as
+regressions. One known defect remains, a strict xfail pinned with ``@example``: with an
+uneven DualPipeV split and ring CP, a higher peak can still slow the step (the CP-hiding
+compute a faster device loses narrows the DP windows by more than the bubble shrinks);
+the higher-peak property holds everywhere on even splits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -94,7 +101,9 @@ def kind_st(draw, name: str, h: int, heads: int, kv: int, moe: bool) -> LayerKin
 
 
 @st.composite
-def case_st(draw) -> Case:
+def case_st(draw, uneven: bool = True) -> Case:
+    """A random case; with ``uneven``, half of the pipelined layouts set their own
+    layers per chunk, down to chunks without layers (a stage of embedding and head)."""
     h = draw(st.sampled_from([256, 512, 1024, 2048]))
     kv = draw(st.sampled_from([1, 2, 4, 8]))
     heads = kv * draw(st.sampled_from([1, 2, 4]))
@@ -149,6 +158,12 @@ def case_st(draw) -> Case:
         recompute=draw(st.sampled_from(["none", "selective", "full"])),
         offload_optimizer=draw(st.booleans()) and draw(st.booleans()),
     )  # fmt: skip
+    if uneven and pp > 1 and draw(st.booleans()):
+        n = layout.chunks - 1
+        cuts = sorted(draw(st.lists(st.integers(0, num_layers), min_size=n, max_size=n)))
+        bounds = (0, *cuts, num_layers)
+        per_chunk = tuple(b - a for a, b in itertools.pairwise(bounds))
+        layout = layout.model_copy(update={"layers_per_stage": per_chunk})
     device = draw(st.sampled_from(DEVICES))
     precisions = ["bf16"] + (["fp8", "mxfp8"] if device.supports("fp8") else [])
     overlap = Overlap(
@@ -396,8 +411,55 @@ def test_more_bandwidth_never_slower(case: Case, up: float, out: float, hbm: flo
 @FAST
 @example(case=DUALPIPEV_FSDP, factor=2.0)
 @example(case=CRITICAL_SWITCH_PEAK, factor=2.0)
-@given(case_st(), PEAK)
+@given(case_st(uneven=False), PEAK)
 def test_higher_peak_never_slower(case: Case, factor: float) -> None:
+    """Everywhere on the default (even) layer split; uneven splits: the xfail below."""
+    fast = price(case, device=faster_peak(case.device, factor))
+    assert_not_slower(fast, price(case))
+
+
+# A remaining counterexample (brute force over uneven DualPipeV splits with ring CP; see
+# the reason below). Stage 0 holds the embedding and the head alone, memory-bound, and is
+# critical whatever the peak; stage 1 holds all four layers.
+DUALPIPEV_CP_HEAD_STAGE = Case(
+    model=ModelSpec(
+        name="dense",
+        hidden_size=256,
+        vocab_size=60000,
+        kinds=(
+            LayerKind(
+                name="dense",
+                attention=StandardAttention(num_heads=8, num_kv_heads=8, head_dim=128),
+                ffn=DenseFFN(intermediate_size=1024),
+            ),
+        ),
+        layers=(0,) * 4,
+    ),
+    layout=Layout(
+        pp=2, cp=2, dp=2, zero=1, schedule="dualpipev", num_microbatches=1,
+        layers_per_stage=(0, 2, 2, 0),
+    ),
+    device=H100, seq=4096, precision="bf16", framework="megatron",
+    calibration=Calibration(overlap={"default": Overlap(cp=1.0, dp=1.0)}),
+)  # fmt: skip
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="DualPipeV with ring CP: a faster device shortens a stage's attention, so less "
+    "of its CP ring hides (cp_comm grows by the hiding compute lost) and its DP windows "
+    "(backward and forward less that compute) shrink by the stage's whole saving Δt, at "
+    "share (pp − 1)/(4·pp); but its bubble unit (t − (bwd + dp_comm)/2)/2 falls only by "
+    "(Δt − Δbwd/2)/2, under Δt/4 when Δbwd > Δt. With a critical stage the peak does not "
+    "speed up, the exposed DP grows more than the pipeline shrinks. Pinned: H100, dense "
+    "4×256 (8 heads × 128, FFN 1024), vocab 60000, seq 4096, pp 2 DualPipeV with "
+    "layers_per_stage (0, 2, 2, 0), cp 2, dp 2, ZeRO-1, m 1, cp and dp overlap 1, peak ×2: "
+    "2.1735 → 2.1798 ms (DP 317.3 → 336.9 µs, bubble 446.8 → 433.5 µs)",
+)
+@FAST
+@example(case=DUALPIPEV_CP_HEAD_STAGE, factor=2.0)
+@given(case_st(), PEAK)
+def test_higher_peak_never_slower_with_uneven_stages(case: Case, factor: float) -> None:
     fast = price(case, device=faster_peak(case.device, factor))
     assert_not_slower(fast, price(case))
 

@@ -34,6 +34,8 @@ def load_calibration(path: Path | None) -> Calibration:
         raise InvalidInputError(
             f"{path}: cannot read the calibration file ({exc.strerror})"
         ) from None
+    except UnicodeDecodeError:  # Fix: a binary file is bad input (exit 3), not an internal error
+        raise InvalidInputError(f"{path}: not a UTF-8 JSON calibration file") from None
     try:
         return Calibration.model_validate(json.loads(text))
     except json.JSONDecodeError as exc:

@@ -1,0 +1,332 @@
+"""``ndplan compare`` (issue 5): predicted against measured step time, and calibration fits.
+
+- on the published runs, every row that states enough is priced and the skips are
+  reported by reason (human and ``--json``); ``--rows even|odd`` is the fixed split;
+- ``--fit OUT.json`` fits on the given rows and writes a calibration file that
+  ``--calibration FILE`` loads in ``estimate`` and ``search`` (on a ~17-row CSV cut from
+  the real one, one sweep, so it runs in seconds); the file validates as a Calibration,
+  prices differently from the shipped one, and is not overwritten without ``--force``
+  (exit 3, file untouched);
+- bad input is exit 3 with one line: a CSV without the required columns, a file that
+  does not exist, an invalid, binary or absent calibration file (naming the field), a non-UTF-8
+  CSV, an unknown ``--rows``; a truncated row is skipped with a reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+from ndplan.adapters.devices.calibration import load_calibration, shipped_calibration
+from ndplan.cli import output
+from ndplan.cli.app import run
+from ndplan.core.calibration import Calibration
+from ndplan.core.errors import ExitCode
+from ndplan.validation import fit_calibration
+
+# = tests/conftest.py::SHARED_DATA
+SHARED_DATA = Path(__file__).resolve().parents[1] / "data" / "shared"
+RUNS = SHARED_DATA / "measured_runs.csv"
+TOTAL_ROWS = 607
+
+# A cut of the real data: dense and MoE, five device types, six sources, both parities,
+# plus a hybrid Mamba row (skipped) and a CHECK row (priced, kept out of the fit).
+SMALL_IDS = (11, 21, 22, 23, 24, 200, 201, 202, 203, 316, 340, 341, 344, 345, 372, 405, 406)
+MAMBA_ROW, CHECK_ROW = 11, 316
+ESTIMATE = ("-m", "llama-3.1-8b", "-d", "h100-sxm", "-n", "8", "--gbs", "64", "-s", "4096")
+
+compare_module = importlib.import_module("ndplan.cli.compare")
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(output.stdout, "_width", 200)  # tables at 200 columns
+
+
+def invoke(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = run([*argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
+    assert lines[0].startswith("ndplan: error: ")
+    assert "Traceback" not in err
+    return lines[0]
+
+
+_ALL: dict[str, dict] = {}
+
+
+@pytest.fixture
+def compare_all(capsys: pytest.CaptureFixture[str]) -> dict:
+    """`ndplan compare measured_runs.csv --json`, run once per session."""
+    if "doc" not in _ALL:
+        code, out, err = invoke(capsys, "compare", str(RUNS), "--json")
+        assert code == 0, err
+        _ALL["doc"] = json.loads(out)
+    return _ALL["doc"]
+
+
+@pytest.fixture
+def small_csv(tmp_path: Path) -> Path:
+    with RUNS.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        fields = reader.fieldnames
+        rows = [r for r in reader if int(r["row_id"]) in SMALL_IDS]
+    assert len(rows) == len(SMALL_IDS)
+    path = tmp_path / "small.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def one_sweep(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The CLI's fit with one coordinate sweep (seconds, not minutes); records its rows."""
+    calls: list[list[int]] = []
+
+    def fit(planner, cases, base=None, **kwargs):
+        calls.append([c.row_id for c in cases if not c.check])
+        return fit_calibration(planner, cases, base, **{**kwargs, "sweeps": 1})
+
+    monkeypatch.setattr(compare_module, "fit_calibration", fit)
+    return calls
+
+
+# --------------------------------------------------------------------------- the published runs
+
+
+def test_compare_prices_every_row_that_states_enough(compare_all: dict) -> None:
+    rows, skipped = compare_all["rows"], compare_all["skipped"]
+    assert len(rows) + len(skipped) == TOTAL_ROWS
+    assert sum(s["reason"].startswith("hybrid Mamba") for s in skipped) == 53
+    assert len({r["row_id"] for r in rows} | {s["row_id"] for s in skipped}) == TOTAL_ROWS
+    for r in rows:
+        assert r["error"] == pytest.approx(r["predicted_step_s"] / r["measured_step_s"] - 1)
+        assert r["split"] == ("fit" if r["row_id"] % 2 == 0 else "test")
+        assert r["step_from"] in (
+            "step_time",
+            "tokens/s",
+            "tflops (full attention)",
+            "tflops (causal attention)",
+        )
+    for s in skipped:
+        assert s["reason"] and s["model"] and s["source"]
+    assert compare_all["calibration"] == shipped_calibration().source
+    overall = {g["group"] for g in compare_all["summary"]["overall"]}
+    assert {
+        "fit rows (even row_id) · dense",
+        "fit rows (even row_id) · MoE",
+        "test rows (odd row_id) · dense",
+        "test rows (odd row_id) · MoE",
+        "CHECK rows (source contradicts itself)",
+    } == overall
+    assert set(compare_all["summary"]) == {"overall", "source", "hardware", "family"}
+    assert compare_all["memory"] and compare_all["ranking"]
+
+
+def test_compare_human_output_reports_skips_by_reason(
+    capsys: pytest.CaptureFixture[str], compare_all: dict
+) -> None:
+    code, out, err = invoke(capsys, "compare", str(RUNS), "--summary-only")
+    assert code == 0, err
+    assert "predicted vs measured step time" not in out  # --summary-only
+    for title in ("|error| by overall", "|error| by source", "|error| by hardware"):
+        assert title in out
+    assert f"skipped rows ({len(compare_all['skipped'])})" in out
+    for reason in {s["reason"] for s in compare_all["skipped"]}:
+        assert reason in out, reason
+    assert "ranking within groups" in out and "peak memory" in out
+
+
+@pytest.mark.parametrize(("rows", "parity"), [("even", 0), ("odd", 1)])
+def test_rows_selects_the_fixed_split(
+    capsys: pytest.CaptureFixture[str], compare_all: dict, rows: str, parity: int
+) -> None:
+    code, out, err = invoke(capsys, "compare", str(RUNS), "--rows", rows, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    ids = [r["row_id"] for r in doc["rows"]] + [s["row_id"] for s in doc["skipped"]]
+    assert ids and all(i % 2 == parity for i in ids)
+    expected = {r["row_id"] for r in compare_all["rows"] if r["row_id"] % 2 == parity}
+    assert {r["row_id"] for r in doc["rows"]} == expected
+
+
+def test_small_csv_per_row_output(capsys: pytest.CaptureFixture[str], small_csv: Path) -> None:
+    code, out, err = invoke(capsys, "compare", str(small_csv))
+    assert code == 0, err
+    assert "predicted vs measured step time" in out
+    assert "skipped rows (1)" in out and "Mamba" in out
+    for row_id in SMALL_IDS:
+        if row_id != MAMBA_ROW:
+            assert f"│{row_id} " in out or f"│ {row_id} " in out, row_id
+
+
+# --------------------------------------------------------------------------- --fit
+
+
+def test_fit_writes_a_calibration_that_estimate_and_search_load(
+    capsys: pytest.CaptureFixture[str],
+    small_csv: Path,
+    tmp_path: Path,
+    one_sweep: list[list[int]],
+) -> None:
+    fit = tmp_path / "fit.json"
+    code, out, err = invoke(
+        capsys, "compare", str(small_csv), "--rows", "even", "--fit", str(fit), "--json"
+    )
+    assert code == 0, err
+    # fitted on the even rows of the file, CHECK row excluded
+    even_clean = sorted(i for i in SMALL_IDS if i % 2 == 0 and i != CHECK_ROW)
+    assert one_sweep == [even_clean]
+    assert "fitting on 8 rows" in err and f"wrote {fit}" in err
+
+    cal = Calibration.model_validate_json(fit.read_text(encoding="utf-8"))
+    assert load_calibration(fit) == cal
+    assert cal.fit["rows"] == len(even_clean) == 8
+    assert cal.source == "ndplan compare --fit on small.csv (even rows)"
+    assert cal != shipped_calibration()
+    # the comparison that follows the fit is priced with the new file
+    doc = json.loads(out)
+    assert doc["calibration"] == cal.source
+
+    # estimate: same layout, other calibration → another step time
+    code, out, err = invoke(capsys, "estimate", *ESTIMATE, "--json")
+    assert code == 0, err
+    shipped_step = json.loads(out)["time"]["step_s"]
+    code, out, err = invoke(capsys, "estimate", *ESTIMATE, "--json", "--calibration", str(fit))
+    assert code == 0, err
+    fitted_step = json.loads(out)["time"]["step_s"]
+    assert fitted_step != pytest.approx(shipped_step, rel=1e-6)
+
+    # search: loads it too, and prices its plans with it
+    search = ("search", *ESTIMATE, "--tp", "1", "--pp", "1", "-t", "3", "--json")
+    code, out, err = invoke(capsys, *search)
+    assert code == 0, err
+    shipped_plans = json.loads(out)["plans"]
+    code, out, err = invoke(capsys, *search, "--calibration", str(fit))
+    assert code == 0, err
+    fitted_plans = json.loads(out)["plans"]
+    assert fitted_plans
+    assert [p["time"]["step_s"] for p in fitted_plans] != pytest.approx(
+        [p["time"]["step_s"] for p in shipped_plans], rel=1e-6
+    )
+
+
+def test_fit_refuses_to_overwrite_without_force(
+    capsys: pytest.CaptureFixture[str],
+    small_csv: Path,
+    tmp_path: Path,
+    one_sweep: list[list[int]],
+) -> None:
+    fit = tmp_path / "fit.json"
+    fit.write_text("precious\n", encoding="utf-8")
+    code, out, err = invoke(capsys, "compare", str(small_csv), "--fit", str(fit))
+    assert code == ExitCode.INVALID_INPUT
+    line = one_error_line(err)
+    assert str(fit) in line and "--force" in line
+    assert out == ""
+    assert fit.read_text(encoding="utf-8") == "precious\n"
+    assert one_sweep == []  # refused before fitting
+
+    code, _, err = invoke(
+        capsys, "compare", str(small_csv), "--rows", "odd", "--fit", str(fit), "--force"
+    )
+    assert code == 0, err
+    cal = load_calibration(fit)
+    odd_priced = [i for i in SMALL_IDS if i % 2 == 1 and i != MAMBA_ROW]
+    assert one_sweep == [odd_priced]
+    assert cal.fit["rows"] == len(odd_priced)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_csv_missing_required_columns(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "runs.csv"
+    bad.write_text("row_id,model,hardware\n1,Llama 3 70B,H100\n", encoding="utf-8")
+    code, out, err = invoke(capsys, "compare", str(bad))
+    assert code == ExitCode.INVALID_INPUT
+    line = one_error_line(err)
+    assert "missing column" in line and "source" in line and "num_gpus" in line
+    assert out == ""
+
+
+def test_csv_that_is_not_utf8_or_has_short_rows(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    header = "row_id,source,model,hardware,num_gpus,tp\n"
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(header.encode() + b"\xff\xfe1,x,y,z,8,1\n")
+    code, _, err = invoke(capsys, "compare", str(binary))
+    assert code == ExitCode.INVALID_INPUT
+    assert "binary.csv" in one_error_line(err)
+    # a truncated row reads as unstated cells: skipped with a reason, not a crash
+    short = tmp_path / "short.csv"
+    short.write_text(header + "1,x\n", encoding="utf-8")
+    code, out, err = invoke(capsys, "compare", str(short), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["rows"] == [] and len(doc["skipped"]) == 1
+    assert "architecture" in doc["skipped"][0]["reason"]
+
+
+def test_nonexistent_csv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = invoke(capsys, "compare", str(tmp_path / "absent.csv"))
+    assert code == ExitCode.INVALID_INPUT
+    assert "absent.csv" in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("compare", str(RUNS), "--summary-only"),
+        ("estimate", *ESTIMATE),
+        ("search", *ESTIMATE, "--tp", "1", "--pp", "1"),
+    ],
+    ids=["compare", "estimate", "search"],
+)
+def test_invalid_calibration_file_names_the_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: tuple[str, ...]
+) -> None:
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({"default": {"gemm": 1.5}}), encoding="utf-8")
+    code, _, err = invoke(capsys, *argv, "--calibration", str(bad))
+    assert code == ExitCode.INVALID_INPUT
+    line = one_error_line(err)
+    assert "default.gemm" in line and "cal.json" in line
+
+
+def test_calibration_file_that_is_not_json_or_absent(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "cal.json"
+    bad.write_text("{not json", encoding="utf-8")
+    code, _, err = invoke(capsys, "estimate", *ESTIMATE, "--calibration", str(bad))
+    assert code == ExitCode.INVALID_INPUT
+    assert "not valid JSON" in one_error_line(err)
+    code, _, err = invoke(capsys, "estimate", *ESTIMATE, "--calibration", str(tmp_path / "no.json"))
+    assert code == ExitCode.INVALID_INPUT
+    assert "no.json" in one_error_line(err)
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    code, _, err = invoke(capsys, "estimate", *ESTIMATE, "--calibration", str(binary))
+    assert code == ExitCode.INVALID_INPUT
+    assert "binary.json" in one_error_line(err)
+
+
+def test_unknown_rows_selector(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = invoke(capsys, "compare", str(RUNS), "--rows", "third")
+    assert code == ExitCode.INVALID_INPUT
+    assert "--rows" in one_error_line(err)

@@ -1,0 +1,207 @@
+"""Error statistics, rank correlation, the bounded optimiser and the calibration vector
+(issue 5; ``ndplan.core.fitting`` and ``ndplan.validation.CalibrationSpace``).
+
+- ``ErrorStats`` against figures worked out by hand;
+- ``spearman`` against ``scipy.stats.spearmanr`` on random data, ties included;
+- ``coordinate_search`` finds the minimum of a bounded separable quadratic, never
+  evaluates outside the bounds, clips a start outside them, and is deterministic;
+- ``CalibrationSpace`` round-trips a vector → Calibration → ``start()`` vector, and the
+  shipped calibration → ``start()`` → Calibration.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from ndplan.adapters.devices.calibration import shipped_calibration
+from ndplan.core.calibration import Calibration
+from ndplan.core.fitting import ErrorStats, Parameter, coordinate_search, spearman
+from ndplan.validation import FAMILIES, CalibrationSpace
+
+# --------------------------------------------------------------------------- ErrorStats
+
+
+def test_error_stats_by_hand() -> None:
+    # |e| = 0.05 0.1 0.2 0.3 → mean 0.1625, median (0.1 + 0.2)/2 = 0.15,
+    # p90 (linear) at position 0.9·3 = 2.7 → 0.2 + 0.7·0.1 = 0.27;
+    # signed sorted −0.2 −0.05 0.1 0.3 → median (−0.05 + 0.1)/2 = 0.025.
+    s = ErrorStats.of([0.1, -0.2, 0.3, -0.05])
+    assert s.count == 4
+    assert s.mape == pytest.approx(0.1625)
+    assert s.median == pytest.approx(0.15)
+    assert s.p90 == pytest.approx(0.27)
+    assert s.bias == pytest.approx(0.025)
+
+
+def test_error_stats_odd_count_and_sign_of_bias() -> None:
+    s = ErrorStats.of([-0.1, -0.3, 0.2])  # |e| 0.1 0.2 0.3; signed median −0.1
+    assert (s.count, s.mape, s.median, s.bias) == (
+        3,
+        pytest.approx(0.2),
+        pytest.approx(0.2),
+        pytest.approx(-0.1),
+    )
+    assert s.p90 == pytest.approx(0.2 + 0.8 * 0.1)  # position 0.9·2 = 1.8
+    single = ErrorStats.of([0.07])
+    assert (single.mape, single.median, single.p90, single.bias) == pytest.approx(
+        (0.07, 0.07, 0.07, 0.07)
+    )
+
+
+def test_error_stats_empty_is_nan_not_an_error() -> None:
+    s = ErrorStats.of([])
+    assert s.count == 0
+    assert all(math.isnan(v) for v in (s.mape, s.median, s.p90, s.bias))
+
+
+# --------------------------------------------------------------------------- spearman
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_spearman_matches_scipy_on_random_data(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(3, 40))
+    a = rng.normal(size=n)
+    b = 0.6 * a + rng.normal(size=n)
+    assert spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_spearman_matches_scipy_with_ties(seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(4, 30))
+    a = rng.integers(0, 5, size=n).astype(float)  # many ties
+    b = (a + rng.integers(0, 3, size=n)).astype(float)
+    if np.ptp(a) == 0 or np.ptp(b) == 0:
+        pytest.skip("constant draw")
+    assert spearman(a, b) == pytest.approx(stats.spearmanr(a, b).statistic, abs=1e-12)
+
+
+def test_spearman_edge_cases() -> None:
+    assert spearman([1.0, 2.0, 3.0], [10.0, 20.0, 30.0]) == pytest.approx(1.0)
+    assert spearman([1.0, 2.0, 3.0], [3.0, 1.0, 0.5]) == pytest.approx(-1.0)
+    assert spearman([1.0, 2.0, 3.0], [1.0, 4.0, 9.0]) == pytest.approx(1.0)  # monotone, not linear
+    assert math.isnan(spearman([1.0], [2.0]))
+    assert math.isnan(spearman([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]))  # a constant has no ranking
+
+
+# --------------------------------------------------------------------------- coordinate_search
+
+
+PARAMS = [Parameter("a", 0.0, 1.0), Parameter("b", -2.0, 2.0), Parameter("c", 0.5, 3.0)]
+
+
+def _quadratic(target: np.ndarray, weights: np.ndarray, seen: list[np.ndarray] | None = None):
+    def f(x: np.ndarray) -> float:
+        if seen is not None:
+            seen.append(np.array(x, copy=True))
+        return float((weights * (x - target) ** 2).sum())
+
+    return f
+
+
+def test_coordinate_search_finds_the_minimum_of_a_separable_quadratic() -> None:
+    target = np.array([0.3, -1.2, 2.1])
+    x, best = coordinate_search(
+        _quadratic(target, np.array([1.0, 4.0, 0.5])), np.array([0.9, 1.5, 0.6]), PARAMS
+    )
+    # golden section, 12 steps: the bracket shrinks to 0.618^13 ≈ 0.2 % of each range
+    assert x == pytest.approx(target, abs=0.01)
+    assert best == pytest.approx(0.0, abs=1e-3)
+    assert best == pytest.approx(_quadratic(target, np.array([1.0, 4.0, 0.5]))(x))
+
+
+def test_coordinate_search_respects_bounds() -> None:
+    target = np.array([1.7, -5.0, 0.9])  # a and b lie outside their bounds
+    seen: list[np.ndarray] = []
+    x, _ = coordinate_search(
+        _quadratic(target, np.ones(3), seen), np.array([0.5, 0.0, 2.0]), PARAMS
+    )
+    lows = np.array([p.low for p in PARAMS])
+    highs = np.array([p.high for p in PARAMS])
+    assert seen, "the objective was never called"
+    for trial in seen:
+        assert np.all(trial >= lows) and np.all(trial <= highs), trial
+    assert x[0] == pytest.approx(1.0, abs=0.01)  # pinned near the upper bound
+    assert x[1] == pytest.approx(-2.0, abs=0.02)  # pinned near the lower bound
+    assert x[2] == pytest.approx(0.9, abs=0.01)
+    assert np.all(x >= lows) and np.all(x <= highs)
+
+
+def test_coordinate_search_clips_a_start_outside_the_bounds() -> None:
+    seen: list[np.ndarray] = []
+    target = np.array([0.5, 0.0, 1.0])
+    x, _ = coordinate_search(
+        _quadratic(target, np.ones(3), seen), np.array([5.0, -9.0, 0.0]), PARAMS, sweeps=1
+    )
+    assert seen[0] == pytest.approx([1.0, -2.0, 0.5])  # the first call is the clipped start
+    assert x == pytest.approx(target, abs=0.01)
+
+
+def test_coordinate_search_never_worsens_and_is_deterministic() -> None:
+    def bumpy(x: np.ndarray) -> float:
+        return float(np.sin(5 * x[0]) + (x[1] - 0.3) ** 2 + np.cos(3 * x[2]))
+
+    start = np.array([0.2, 0.2, 1.0])
+    x1, best1 = coordinate_search(bumpy, start, PARAMS)
+    x2, best2 = coordinate_search(bumpy, start, PARAMS)
+    assert best1 <= bumpy(start)
+    assert best1 == best2 and np.array_equal(x1, x2)
+    assert start == pytest.approx([0.2, 0.2, 1.0])  # the caller's start is not modified
+
+
+# --------------------------------------------------------------------------- CalibrationSpace
+
+ALL_FAMILIES = sorted(set(FAMILIES.values()))
+
+
+@pytest.mark.parametrize("families", [ALL_FAMILIES, ["hopper"], ["ampere", "blackwell"]])
+@pytest.mark.parametrize("seed", range(3))
+def test_calibration_space_round_trips_a_vector(families: list[str], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    space = CalibrationSpace(Calibration(), families)
+    lows = np.array([p.low for p in space.params])
+    highs = np.array([p.high for p in space.params])
+    x = rng.uniform(lows, highs)
+    cal = space.calibration(x, rows=7.0)
+    again = Calibration.model_validate_json(cal.model_dump_json())  # a valid calibration file
+    assert again == cal
+    assert again.fit == {"rows": 7.0}
+    back = CalibrationSpace(again, families).start()
+    assert back == pytest.approx(x, rel=1e-12, abs=1e-15)
+    names = [p.name for p in space.params]
+    assert len(set(names)) == len(names)
+    # every device id of a fitted generation prices with that generation's factors
+    for device_id, fam in FAMILIES.items():
+        if fam in families:
+            assert again.families[device_id] == fam
+            assert again.devices[fam].gemm == pytest.approx(x[names.index(f"{fam}.gemm")])
+
+
+def test_calibration_space_start_reads_the_base() -> None:
+    base = Calibration()
+    space = CalibrationSpace(base, ["hopper"])
+    start = dict(zip((p.name for p in space.params), space.start(), strict=True))
+    assert start["hopper.gemm"] == base.default.gemm  # no hopper entry → the default
+    assert start["shared.hbm"] == base.default.hbm
+    assert start["overlap.megatron.dp"] == base.overlap_for("megatron").dp
+    assert start["attention_scale.megatron"] == 1.0
+    assert start["step_overhead_s"] == 0.0
+
+
+def test_shipped_calibration_is_a_point_of_its_own_space() -> None:
+    """start() of the shipped file, turned back into a Calibration, prices identically."""
+    shipped = shipped_calibration()
+    families = [f for f in shipped.devices if f in set(FAMILIES.values())]
+    assert sorted(families) == ALL_FAMILIES
+    space = CalibrationSpace(shipped, families)
+    x = space.start()
+    lows = np.array([p.low for p in space.params])
+    highs = np.array([p.high for p in space.params])
+    assert np.all(x >= lows) and np.all(x <= highs), "shipped values outside the fit's bounds"
+    rebuilt = space.calibration(x, **shipped.fit)
+    assert rebuilt.model_dump(exclude={"source"}) == shipped.model_dump(exclude={"source"})

@@ -1,0 +1,448 @@
+"""Measured runs as pricing cases (issue 5; ``ndplan.adapters.measured``).
+
+- precision strings map to bf16 / fp8 / fp8-blockwise / mxfp8 / fp4, framework strings to
+  megatron / torchtitan (llm-foundry's Composer is priced with torchtitan's traits);
+- LoRA rows price as ``finetune="lora"``; torchtitan rows that omit seq_len take it from
+  the row's notes (and rows whose notes give none are skipped);
+- Megatron-LM README rows resolve to the H100-family presets by their shapes (their
+  label ``GPT-1.7B`` is also the 2021 paper's model); hybrid Mamba rows are skipped with
+  a reason naming Mamba;
+- the measured step time: ``step_time_s`` as stated, tokens/s → ``gbs·seq/(tokens·N)``,
+  TFLOP/s only → back through the FLOP count with full attention before Megatron-Bridge
+  25.09 and causal attention for Megatron-Bridge, checked by hand on a few rows.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from ndplan.adapters.measured import (
+    REQUIRED_COLUMNS,
+    RunCase,
+    RunInterpreter,
+    Skip,
+    framework_of,
+    precision_of,
+    read_rows,
+    recompute_of,
+    source_short,
+    zero_of,
+)
+from ndplan.core.counting import count_flops
+from ndplan.core.errors import InvalidInputError
+from ndplan.planner import Planner
+
+# = tests/conftest.py::SHARED_DATA
+SHARED_DATA = Path(__file__).resolve().parents[1] / "data" / "shared"
+RUNS = SHARED_DATA / "measured_runs.csv"
+ROWS = read_rows(RUNS)
+BY_ID = {int(r["row_id"]): r for r in ROWS}
+
+
+@pytest.fixture(scope="module")
+def interpreter() -> RunInterpreter:
+    planner = Planner()
+    return RunInterpreter(planner.components.presets, planner.components.devices)
+
+
+@pytest.fixture(scope="module")
+def interpreted(interpreter: RunInterpreter) -> dict[int, RunCase | Skip]:
+    """Every row of the data, interpreted once."""
+    return {int(r["row_id"]): interpreter.interpret(r) for r in ROWS}
+
+
+def case(interpreter: RunInterpreter, row_id: int, **changes: str) -> RunCase:
+    out = interpreter.interpret({**BY_ID[row_id], **changes})
+    assert isinstance(out, RunCase), out
+    return out
+
+
+def skip(interpreter: RunInterpreter, row_id: int, **changes: str) -> Skip:
+    out = interpreter.interpret({**BY_ID[row_id], **changes})
+    assert isinstance(out, Skip), out
+    return out
+
+
+# --------------------------------------------------------------------------- mappings
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("BF16", "bf16"),
+        ("amp_bf16 (MP Mode DEFAULT)", "bf16"),
+        ("bf16 (MP Mode PURE)", "bf16"),
+        ("FP8", "fp8"),
+        ("FP8-CS", "fp8"),
+        ("FP8 (current scaling)", "fp8"),
+        ("FP8 (25.09 table has no precision column)", "fp8"),
+        ("amp_fp8 (MP Mode DEFAULT)", "fp8"),
+        ("BF16 + Float8 linears", "fp8"),
+        ("FP8 blockwise 128x128 weights / 1x128 activations", "fp8-blockwise"),
+        ("MXFP8", "mxfp8"),
+        ("FP8-MX", "mxfp8"),
+        ("MXFP8 32x32 (footnote)", "mxfp8"),
+        ("NVFP4", "fp4"),
+        ("", None),
+    ],
+)
+def test_precision_strings(text: str, expected: str | None) -> None:
+    assert precision_of(text) == expected
+
+
+def test_every_precision_string_in_the_data_is_mapped() -> None:
+    known = {"bf16", "fp8", "fp8-blockwise", "mxfp8", "fp4", None}
+    for text in {r["precision"] for r in ROWS}:
+        assert precision_of(text) in known, text
+
+
+@pytest.mark.parametrize(
+    ("framework", "source", "expected"),
+    [
+        (
+            "Megatron-Bridge / Megatron-Core",
+            "NVIDIA Megatron-Bridge performance summary",
+            "megatron",
+        ),
+        ("NeMo 2.0 (Megatron-Core)", "NVIDIA NeMo Framework performance summary", "megatron"),
+        ("Megatron-LM (2021)", "Narayanan et al. 2021", "megatron"),
+        ("Megatron-Core r0.8.0", "Megatron-LM README weak-scaling", "megatron"),
+        ("Composer/llm-foundry (PyTorch FSDP)", "MosaicML llm-foundry", "composer"),
+        ("torchtitan (FSDP2/DTensor)", "torchtitan benchmarks (Meta/PyTorch)", "torchtitan"),
+        ("torchtitan FSDP2+TP (2D)", "torchtitan docs/performance.md", "torchtitan"),
+    ],
+)
+def test_framework_strings(framework: str, source: str, expected: str) -> None:
+    assert framework_of({"framework": framework, "source": source}) == expected
+
+
+def test_every_row_prices_with_its_frameworks_traits(
+    interpreted: dict[int, RunCase | Skip],
+) -> None:
+    """Composer rows take torchtitan's traits (FSDP, its recompute); nothing else appears."""
+    seen = set()
+    for row in ROWS:
+        out = interpreted[int(row["row_id"])]
+        if isinstance(out, Skip):
+            continue
+        fw = row["framework"].lower()
+        expected = "torchtitan" if ("torchtitan" in fw or "composer" in fw) else "megatron"
+        assert out.job.framework == expected, (out.row_id, row["framework"])
+        if "composer" in fw:
+            assert out.layout.zero in (2, 3), out.row_id  # FULL_SHARD / SHARD_GRAD_OP
+        seen.add(out.job.framework)
+    assert seen == {"megatron", "torchtitan"}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", ("none", None)),
+        ("none", ("none", None)),
+        ("no", ("none", None)),
+        ("full", ("full", None)),
+        ("full (activation checkpointing)", ("full", None)),
+        ("selective", ("selective", None)),
+        ("selective op", ("selective", None)),
+        ("selective (attention core)", ("selective", None)),
+        ("selective layer", ("full", 0.5)),
+    ],
+)
+def test_recompute_strings(text: str, expected: tuple) -> None:
+    assert recompute_of(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", None),
+        ("FSDP FULL_SHARD (ZeRO-3)", 3),
+        ("FSDP SHARD_GRAD_OP (ZeRO-2)", 2),
+        ("FSDP2", 3),
+        ("FSDP2 (ZeRO-3-like)", 3),
+        ("megatron-fsdp", 3),
+    ],
+)
+def test_zero_strings(text: str, expected: int | None) -> None:
+    assert zero_of(text, "megatron") == expected
+
+
+def test_source_short_names() -> None:
+    assert {source_short(r["source"]) for r in ROWS} == {
+        "megatron-bridge",
+        "nemo",
+        "nemo-cp",
+        "llm-foundry",
+        "torchtitan",
+        "torchtitan-2024",
+        "narayanan-2021",
+        "megatron-lm",
+        "korthikanti-2022",
+    }
+
+
+# --------------------------------------------------------------------------- interpretation
+
+
+def test_precision_reaches_the_job(interpreter: RunInterpreter) -> None:
+    for row_id, expected in ((1, "mxfp8"), (320, "fp8"), (371, "bf16"), (373, "fp8")):
+        assert case(interpreter, row_id).job.precision == expected
+    nvfp4 = next(
+        r for r in ROWS if r["precision"] == "NVFP4" and not r["model_type"].startswith("hybrid")
+    )
+    out = interpreter.interpret(nvfp4)
+    assert isinstance(out, RunCase) and out.job.precision == "fp4"
+    blockwise = next(r for r in ROWS if "blockwise" in r["precision"])
+    out = interpreter.interpret(blockwise)
+    assert isinstance(out, RunCase) and out.job.precision == "fp8-blockwise"
+    unstated = case(interpreter, 1, precision="")
+    assert unstated.job.precision == "bf16" and "precision=bf16" in unstated.assumed
+
+
+def test_fp4_on_a_device_without_an_fp4_rate_is_skipped(interpreter: RunInterpreter) -> None:
+    out = skip(interpreter, 371, precision="NVFP4")  # H100: no fp4 tensor cores
+    assert "fp4" in out.reason
+
+
+def test_lora_rows_price_as_lora(interpreted: dict[int, RunCase | Skip]) -> None:
+    lora = [r for r in ROWS if r["workload"].lower() == "lora"]
+    assert len(lora) == 8
+    for row in lora:
+        out = interpreted[int(row["row_id"])]
+        assert isinstance(out, RunCase), out
+        assert out.job.finetune == "lora", out.row_id
+    for row in ROWS:
+        if row["workload"].lower() in ("sft", "pretrain"):
+            out = interpreted[int(row["row_id"])]
+            if isinstance(out, RunCase):
+                assert out.job.finetune == "full", out.row_id
+
+
+def test_torchtitan_rows_without_seq_len_take_it_from_the_notes(
+    interpreter: RunInterpreter,
+) -> None:
+    omitted = [r for r in ROWS if not r["seq_len"].strip()]
+    from_notes = [r for r in omitted if re.search(r"default[^.;]* is (\d+)", r["notes"])]
+    assert {int(r["row_id"]) for r in from_notes} == {371, 372, 373, 378, 379, 380}
+    for row in from_notes:
+        out = interpreter.interpret(row)
+        assert isinstance(out, RunCase), out
+        assert out.source == "torchtitan"
+        assert out.job.seq_length == 8192  # "torchtitan llama3 toml default at 9dec370 is 8192"
+        assert "seq_len=8192 (source's default, from notes)" in out.assumed
+    # a different default in the notes is what is used
+    other = case(interpreter, 371, notes="seq_len not stated; the toml default at abc is 4096")
+    assert other.job.seq_length == 4096
+    # rows whose notes give no default are skipped, not guessed
+    for row in omitted:
+        if row not in from_notes:
+            out = interpreter.interpret(row)
+            assert isinstance(out, Skip) and out.reason == "sequence length not stated"
+
+
+def test_megatron_readme_rows_resolve_to_the_h100_presets(interpreter: RunInterpreter) -> None:
+    readme = [r for r in ROWS if source_short(r["source"]) == "megatron-lm"]
+    assert len(readme) == 9
+    for row in readme:
+        spec, preset = interpreter.model_for(row)
+        assert spec is not None, preset
+        assert preset.startswith("megatron-h100-gpt-"), (row["model"], preset)
+        assert spec.hidden_size == int(row["hidden"])
+        assert spec.num_layers == int(row["layers"])
+        assert spec.vocab_size == 131072
+    # 'GPT-1.7B' names two models: the README's (h=2048, V=131072) and the 2021 paper's
+    # (h=2304, V=51200); each row gets the one its shapes describe.
+    readme_17 = next(r for r in readme if r["model"] == "GPT-1.7B")
+    paper_17 = next(r for r in ROWS if r["model"] == "GPT-1.7B" and r is not readme_17)
+    assert interpreter.model_for(readme_17)[1] == "megatron-h100-gpt-1.7b"
+    spec, preset = interpreter.model_for(paper_17)
+    assert preset == "megatron-gpt-1.7b" and spec.hidden_size == 2304
+
+
+def test_shapes_that_disagree_with_every_preset_are_skipped(interpreter: RunInterpreter) -> None:
+    out = skip(interpreter, 344, hidden="2050")
+    assert "GPT-1.7B" in out.reason or "gpt-1.7b" in out.reason
+    unknown = skip(interpreter, 344, model="Nonexistent-9B", hidden="2050")
+    assert "architecture" in unknown.reason and "unknown" in unknown.reason
+
+
+def test_a_label_without_preset_or_shapes_is_skipped(interpreter: RunInterpreter) -> None:
+    """With no shape stated every preset "agrees": an unknown label must not take the first
+    preset (DeepSeekV4 Flash was priced as DeepSeek-V2 236B before the fix)."""
+    for row_id in (3, 4):
+        row = BY_ID[row_id]
+        assert row["model"] == "DeepSeekV4 Flash" and not row["layers"] and not row["hidden"]
+        out = skip(interpreter, row_id)
+        assert out.reason.startswith("architecture of 'DeepSeekV4 Flash' unknown"), out
+    blank = {c: "" for c in BY_ID[1]}
+    out = interpreter.interpret({**blank, "row_id": "9", "model": "Mystery-7B", "num_gpus": "8"})
+    assert isinstance(out, Skip) and "unknown" in out.reason
+    # a named preset still resolves without shapes; stated shapes still select a preset
+    assert interpreter.model_for({**blank, "model": "Llama 3 70B"})[1] == "llama-3-70b"
+    spec, preset = interpreter.model_for(BY_ID[344])
+    assert spec is not None and preset == "megatron-h100-gpt-1.7b"
+
+
+def test_hybrid_mamba_rows_are_skipped_naming_mamba(
+    interpreted: dict[int, RunCase | Skip],
+) -> None:
+    hybrid = [r for r in ROWS if r["model_type"].startswith("hybrid")]
+    assert len(hybrid) == 53
+    for row in hybrid:
+        out = interpreted[int(row["row_id"])]
+        assert isinstance(out, Skip), row["row_id"]
+        assert "Mamba" in out.reason
+
+
+def test_layout_from_the_stated_degrees(interpreter: RunInterpreter) -> None:
+    c = case(interpreter, 1)  # DeepSeekV3 GB300: 256 GPUs, tp1 pp2 vpp8 cp1 ep32, gbs 4096
+    lay = c.layout
+    assert (lay.tp, lay.pp, lay.vpp, lay.cp, lay.ep, lay.dp, lay.mbs) == (1, 2, 8, 1, 32, 128, 1)
+    assert lay.num_microbatches == 4096 // 128
+    assert lay.schedule == "interleaved"
+    assert c.moe and c.family == "deepseek" and c.hardware == "gb300"
+    assert c.job.grad_reduce_dtype == "bf16"  # NVIDIA's performance recipes
+    assert "distributed optimizer" in c.assumed and lay.zero == 1
+    # FSDP rows: ZeRO-3, no sequence parallelism without TP
+    t = case(interpreter, 405)
+    assert (t.layout.dp, t.layout.zero, t.layout.sp, t.layout.recompute) == (64, 3, False, "full")
+
+
+def test_rows_lacking_degrees_or_batch_are_skipped(interpreter: RunInterpreter) -> None:
+    assert skip(interpreter, 353).reason == "degrees not stated (only the TP·PP product)"
+    assert skip(interpreter, 1, num_gpus="").reason == "device count not stated"
+    assert "does not divide" in skip(interpreter, 1, num_gpus="255").reason
+    assert "not a multiple" in skip(interpreter, 336).reason  # GBS=1/MBS=64 as printed
+    assert "catalog" in skip(interpreter, 1, hardware="Imaginary-GPU 9000").reason
+    assert (
+        "no throughput" in skip(interpreter, 1, tokens_per_sec_per_gpu="", tflops_per_gpu="").reason
+    )
+
+
+def test_check_rows_are_flagged(interpreter: RunInterpreter) -> None:
+    assert case(interpreter, 316).check
+    assert not case(interpreter, 320).check
+
+
+# --------------------------------------------------------------------------- measured step time
+
+
+def test_step_time_from_tokens_per_second(interpreter: RunInterpreter) -> None:
+    # row 1: gbs 4096 × seq 4096 tokens per step; 6288 tokens/s on each of 256 GPUs.
+    # It also states 1635 TFLOP/s: tokens/s wins, being what the cluster measured.
+    c = case(interpreter, 1)
+    assert c.step_from == "tokens/s"
+    assert c.measured_step_s == pytest.approx(4096 * 4096 / (6288 * 256))
+    # row 405 (torchtitan, 64 A100): gbs 64 × seq 8192 at 331 tokens/s/GPU
+    c = case(interpreter, 405)
+    assert c.measured_step_s == pytest.approx(64 * 8192 / (331 * 64))
+    # a row giving only the total throughput
+    total = case(interpreter, 405, tokens_per_sec_per_gpu="", tokens_per_sec_total="21184")
+    assert total.step_from == "tokens/s"
+    assert total.measured_step_s == pytest.approx(64 * 8192 / 21184)
+
+
+def test_step_time_as_stated(interpreter: RunInterpreter) -> None:
+    for row_id in (363, 364, 365, 366, 367, 368, 369, 370):  # Korthikanti 2022
+        c = case(interpreter, row_id)
+        assert c.step_from == "step_time"
+        assert c.measured_step_s == float(BY_ID[row_id]["step_time_s"])
+    # step_time_s wins over tokens/s when both are stated
+    both = case(interpreter, 405, step_time_s="30.0")
+    assert both.measured_step_s == 30.0 and both.step_from == "step_time"
+
+
+def test_step_time_from_tflops_full_attention_by_hand(interpreter: RunInterpreter) -> None:
+    # row 344: Megatron-LM README (2024, full attention), GPT-1.7B on 48 H100, gbs 192,
+    # seq 4096, 408.8 TFLOP/s. An ungated 4h GELU MLP, MHA and untied V=131072:
+    # training FLOPs/token = 72·l·h²·(1 + s/(6h) + V/(12·l·h)).
+    row = BY_ID[344]
+    assert (row["tflops_per_gpu"], row["tokens_per_sec_per_gpu"], row["step_time_s"]) == (
+        "408.8",
+        "",
+        "",
+    )
+    layers, h, s, v = 24, 2048, 4096, 131072
+    per_token = 72 * layers * h * h * (1 + s / (6 * h) + v / (12 * layers * h))
+    c = case(interpreter, 344)
+    assert c.step_from == "tflops (full attention)"
+    assert c.measured_step_s == pytest.approx(192 * s * per_token / (408.8e12 * 48), rel=1e-9)
+    assert c.measured_step_s == pytest.approx(0.4519, abs=1e-4)
+
+    # row 320: NeMo long-context table (full attention), LLAMA2-7B on 4 H100, gbs 1024,
+    # seq 4096, 768 TFLOP/s. SwiGLU (f = 11008), MHA, V = 32000:
+    # 3·[l·(8h² + 6·h·f + 4·s·h) + 2·h·V].
+    layers, h, s, v, f = 32, 4096, 4096, 32000, 11008
+    per_token = 3 * (layers * (8 * h * h + 6 * h * f + 4 * s * h) + 2 * h * v)
+    c = case(interpreter, 320)
+    assert c.step_from == "tflops (full attention)"
+    assert c.measured_step_s == pytest.approx(1024 * s * per_token / (768e12 * 4), rel=1e-9)
+
+
+def test_step_time_from_tflops_causal_for_megatron_bridge(interpreter: RunInterpreter) -> None:
+    # row 291 is the one Megatron-Bridge row with only TFLOP/s: from 25.09 the bridge
+    # counts causal attention, so the conversion must use the causal count.
+    row = BY_ID[291]
+    assert source_short(row["source"]) == "megatron-bridge"
+    assert not row["tokens_per_sec_per_gpu"] and not row["step_time_s"]
+    c = case(interpreter, 291)
+    assert c.step_from == "tflops (causal attention)"
+    seq, gbs, n, tflops = 4096, 8192, 1024, 330.0
+    assert (c.job.seq_length, c.job.global_batch_size, c.num_devices) == (seq, gbs, n)
+    causal = count_flops(c.model, seq, "causal").training_flops_per_token
+    full = count_flops(c.model, seq, "full").training_flops_per_token
+    assert causal < full  # the convention matters on this row (≈ 11 %)
+    assert c.measured_step_s == pytest.approx(gbs * seq * causal / (tflops * 1e12 * n), rel=1e-12)
+    # the same figure from a NeMo (pre-25.09) source would be read with full attention
+    nemo = case(interpreter, 291, source="NVIDIA NeMo Framework performance summary")
+    assert nemo.step_from == "tflops (full attention)"
+    assert nemo.measured_step_s == pytest.approx(gbs * seq * full / (tflops * 1e12 * n))
+
+
+def test_every_tflops_only_row_uses_its_sources_convention(
+    interpreted: dict[int, RunCase | Skip],
+) -> None:
+    checked = 0
+    for row in ROWS:
+        if row["tokens_per_sec_per_gpu"] or row["tokens_per_sec_total"] or row["step_time_s"]:
+            continue
+        out = interpreted[int(row["row_id"])]
+        if isinstance(out, Skip):
+            continue
+        convention = "causal" if out.source == "megatron-bridge" else "full"
+        assert out.step_from == f"tflops ({convention} attention)", out.row_id
+        per_token = count_flops(out.model, out.job.seq_length, convention).training_flops_per_token
+        expected = (
+            out.job.global_batch_size
+            * out.job.seq_length
+            * per_token
+            / (float(row["tflops_per_gpu"]) * 1e12 * out.num_devices)
+        )
+        assert out.measured_step_s == pytest.approx(expected), out.row_id
+        checked += 1
+    assert checked == 25
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_read_rows_refuses_a_csv_without_the_required_columns(tmp_path: Path) -> None:
+    bad = tmp_path / "runs.csv"
+    bad.write_text("row_id,model\n1,llama\n", encoding="utf-8")
+    with pytest.raises(InvalidInputError, match="missing column"):
+        read_rows(bad)
+    with pytest.raises(InvalidInputError, match="cannot read"):
+        read_rows(tmp_path / "absent.csv")
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"row_id,source,model,hardware,num_gpus\n\xff1,a,b,c,8\n")
+    with pytest.raises(InvalidInputError, match="UTF-8 CSV"):
+        read_rows(binary)
+    short = tmp_path / "short.csv"
+    short.write_text("row_id,source,model,hardware,num_gpus\n1,a\n", encoding="utf-8")
+    assert read_rows(short) == [
+        {"row_id": "1", "source": "a", "model": "", "hardware": "", "num_gpus": ""}
+    ]
+    assert set(REQUIRED_COLUMNS) <= set(ROWS[0])
