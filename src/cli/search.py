@@ -103,15 +103,20 @@ def load_space_file(path: Path) -> dict[str, Any]:
         raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if data is None:
         return {}
+    return space_values(data, str(path))
+
+
+def space_values(data: Any, where: str) -> dict[str, Any]:
+    """A search-space mapping (scalar = fixed, list = candidates, ``auto``), keys checked."""
     if not isinstance(data, dict):
-        raise InvalidInputError(f"{path}: expected a mapping of dimension → value, list or auto")
+        raise InvalidInputError(f"{where}: expected a mapping of dimension → value, list or auto")
     out: dict[str, Any] = {}
     for key, value in data.items():
         field = str(key).lower()
         field = {"offload": "offload_optimizer"}.get(field, field)
         if field not in SPACE_KEYS:
             raise InvalidInputError(
-                f"{path}: unknown key '{key}'; known: {', '.join(sorted(SPACE_KEYS))}"
+                f"{where}: unknown key '{key}'; known: {', '.join(sorted(SPACE_KEYS))}"
             )
         out[field] = value
     return out

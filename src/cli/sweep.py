@@ -31,7 +31,7 @@ from .common import CalibrationOpt, FrameworkOpt, JobInputs, MaxMemOpt, Precisio
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import print_json, stdout, table, write_atomic
-from .search import SPACE_KEYS, build_space, load_space_file
+from .search import build_space, load_space_file, space_values
 
 GRID_KEYS = ("model", "device", "devices", "gbs", "seq_len")
 """What varies: each a scalar or a list; every combination is one scenario."""
@@ -339,20 +339,7 @@ def _inline_space(value: Any, file: Path | None) -> dict[str, Any]:
     """The sweep file's ``space:`` mapping, read like a ``--space`` file."""
     if value is None:
         return {}
-    if not isinstance(value, dict):
-        raise InvalidInputError(
-            f"{file}: 'space' must be a mapping of dimension → value, list or auto"
-        )
-    out: dict[str, Any] = {}
-    for key, v in value.items():
-        name = str(key).lower()
-        name = {"offload": "offload_optimizer"}.get(name, name)
-        if name not in SPACE_KEYS:
-            raise InvalidInputError(
-                f"{file}: space: unknown key '{key}'; known: {', '.join(sorted(SPACE_KEYS))}"
-            )
-        out[name] = v
-    return out
+    return space_values(value, f"{file}: space")
 
 
 def register(app: typer.Typer) -> None:

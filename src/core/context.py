@@ -62,6 +62,21 @@ class StagePlacement:
         return max((c.in_flight for c in self.chunks), default=0)
 
 
+def layer_key(layout: Layout) -> tuple:
+    """The degrees one layer's tensors, time and recompute options depend on: tp, cp, sp,
+    ep, etp and the micro-batch — not dp, and pp only through in-flight counts (spec/
+    search.md). DualPipeV changes how EP traffic is hidden, so it is part of the key."""
+    return (
+        layout.tp,
+        layout.cp,
+        layout.sequence_parallel,
+        layout.ep,
+        layout.expert_tp,
+        layout.mbs,
+        layout.schedule == "dualpipev",
+    )
+
+
 class _NoCache(dict):
     """A cache that forgets: every lookup misses, so everything is recomputed."""
 

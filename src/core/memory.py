@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .context import PricingContext, StagePlacement
+from .context import PricingContext, StagePlacement, layer_key
 from .counting import KindParameters
 from .layout import Layout
 from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
@@ -64,15 +64,7 @@ def _tokens(ctx: PricingContext, layout: Layout) -> float:
 
 def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple[Tensor, ...]:
     """Every tensor one layer of ``kind`` saves for its backward (plain option)."""
-    key = (
-        "tensors",
-        kind.name,
-        layout.tp,
-        layout.cp,
-        layout.sequence_parallel,
-        layout.expert_tp,
-        layout.mbs,
-    )
+    key = ("tensors", kind.name, *layer_key(layout))
     found = ctx.cache.get(key)
     if found is not None:
         return found

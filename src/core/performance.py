@@ -25,7 +25,7 @@ from .collectives import (
     reduce_scatter_s,
     send_recv_s,
 )
-from .context import PricingContext, StagePlacement
+from .context import PricingContext, StagePlacement, layer_key
 from .counting import core_attention_flops, count_flops
 from .layout import Layout
 from .memory import ACTIVATION_BYTES, NdplanMemoryModel, padded_vocab
@@ -202,16 +202,7 @@ class NdplanCostModel:
 
     def layer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
         # A layer's cost depends on the degrees that shard it, not on dp or pp.
-        key = (
-            "layer_cost",
-            kind.name,
-            layout.tp,
-            layout.cp,
-            layout.sequence_parallel,
-            layout.ep,
-            layout.expert_tp,
-            layout.mbs,
-        )
+        key = ("layer_cost", kind.name, *layer_key(layout))
         found = ctx.cache.get(key)
         if found is None:
             found = ctx.cache[key] = self._layer_cost(ctx, layout, kind)
@@ -446,18 +437,7 @@ class NdplanCostModel:
         self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
     ) -> dict[str, float]:
         """One layer, one micro-batch, under ``recompute``; values sum to its time."""
-        key = (
-            "layer_s",
-            kind.name,
-            layout.tp,
-            layout.cp,
-            layout.sequence_parallel,
-            layout.ep,
-            layout.expert_tp,
-            layout.mbs,
-            layout.schedule == "dualpipev",
-            recompute,
-        )
+        key = ("layer_s", kind.name, *layer_key(layout), recompute)
         found = ctx.cache.get(key)
         if found is not None:
             return found
@@ -662,8 +642,8 @@ class NdplanCostModel:
         The pipeline time is monotone in every stage's time; the per-step data-parallel
         communication hides under the shortest of the stages' last backward (and first
         forward) — the window every stage's reduction is sure to have — and the optimizer
-        step waits for the slowest stage's update. So no part of the step can get faster
-        when a stage gets slower (which is what makes the search's bounds valid).
+        step waits for the slowest stage's update. No recompute choice can make the step
+        faster (which keeps the search's bounds valid).
         """
         m = layout.num_microbatches
         totals = [sum(s.values()) for s in stage_layer_seconds]
@@ -672,7 +652,6 @@ class NdplanCostModel:
         pp = layout.pp
         if layout.schedule == "interleaved":
             pipeline = m * t_max + (sum(totals) - t_max) / layout.vpp
-            share = 1.0 / layout.vpp  # the last chunk's backward
         elif layout.schedule == "dualpipev":
             # Two chunks per device; paired micro-batches overlap forward and backward, and
             # the weight-gradient half of each backward (with the FSDP traffic it carries)
@@ -686,20 +665,22 @@ class NdplanCostModel:
                 / pp
             )
             pipeline = m * t_max + (pp - 1) * unit
-            share = (pp - 1) / (4 * pp)  # within what one stage adds to the bubble
         else:  # 1f1b, gpipe
             pipeline = sum(totals) + (m - 1) * t_max
-            share = 1.0
         crit = stage_layer_seconds[slowest]
         parts = dict.fromkeys(TIME_PARTS, 0.0)
         for name, value in crit.items():
             parts[name] += m * value
         parts["bubble"] = max(0.0, pipeline - m * t_max)
-        window_bwd = share * min(
-            s.get("backward", 0.0) + s.get("recompute", 0.0) - getattr(s, "cp_hidden_backward", 0.0)
+        # Gradients reduce while the last micro-batch's backward runs (chunk by chunk,
+        # through the drain, for interleaved and V schedules). The window leaves out
+        # recompute, so no recompute choice can shorten the step through it: the search's
+        # bound (every layer at its fastest option) stays a lower bound.
+        window_bwd = min(
+            s.get("backward", 0.0) - getattr(s, "cp_hidden_backward", 0.0)
             for s in stage_layer_seconds
         )
-        window_fwd = share * min(
+        window_fwd = min(
             s.get("forward", 0.0) - getattr(s, "cp_hidden_forward", 0.0)
             for s in stage_layer_seconds
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .context import PricingContext, StagePlacement
+from .context import PricingContext, StagePlacement, layer_key
 from .kernels.knapsack import LayerGroup, StageChoice
 from .layout import Layout
 from .plan import MemoryBreakdown, Plan, RecomputeRange, StageMemory, TimeBreakdown
@@ -107,15 +107,7 @@ class Pricer:
 
     def _kind_bytes(self, layout: Layout, recompute: Recompute) -> list[int]:
         """Activation bytes per micro-batch of one layer of each kind under ``recompute``."""
-        key = (
-            "kind_bytes",
-            layout.tp,
-            layout.cp,
-            layout.sequence_parallel,
-            layout.expert_tp,
-            layout.mbs,
-            recompute,
-        )
+        key = ("kind_bytes", *layer_key(layout), recompute)
         found = self.ctx.cache.get(key)
         if found is None:
             found = self.ctx.cache[key] = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import combinations
 
-from .context import PricingContext
+from .context import PricingContext, layer_key
 from .frameworks import SWITCHES
 from .kernels.knapsack import LayerOption, pareto_front
 from .layout import Layout
@@ -58,17 +58,7 @@ def kind_options(
 ) -> tuple[tuple[LayerOption, Recompute], ...]:
     """Every option of ``kind`` at this candidate's degrees: plain, each combination of
     the applicable switches, and full recompute."""
-    key = (
-        "options",
-        kind.name,
-        layout.tp,
-        layout.cp,
-        layout.sequence_parallel,
-        layout.ep,
-        layout.expert_tp,
-        layout.mbs,
-        layout.schedule == "dualpipev",
-    )
+    key = ("options", kind.name, *layer_key(layout))
     found = ctx.cache.get(key)
     if found is not None:
         return found
@@ -106,18 +96,7 @@ def kind_front(
     cost: CostModel,
 ) -> tuple[LayerOption, ...]:
     """The options no other option beats at the in-flight counts that occur."""
-    key = (
-        "front",
-        kind.name,
-        layout.tp,
-        layout.cp,
-        layout.sequence_parallel,
-        layout.ep,
-        layout.expert_tp,
-        layout.mbs,
-        layout.schedule == "dualpipev",
-        tuple(sorted(set(in_flights))),
-    )
+    key = ("front", kind.name, *layer_key(layout), tuple(sorted(set(in_flights))))
     found = ctx.cache.get(key)
     if found is None:
         options = [opt for opt, _ in kind_options(ctx, layout, kind, memory, cost)]
