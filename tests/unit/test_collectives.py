@@ -5,9 +5,9 @@ scale-out 50 GB/s per device, 8 µs. MI300X: a fully connected 8-GPU mesh, 448 G
 all over 7 links. GB200: an NVL72 domain of 18 four-GPU hosts, 900 GB/s NVLink, a
 50 GB/s NIC per GPU. Default bus efficiencies: 0.75 scale-up, 0.80 scale-out.
 
-A ring crossing scale-up domains runs at min(min(k, j) × scale-out × bus, in-domain rate),
-k the group's members per scale-up domain, j = per_node // stride its members per node
-(who share that node's NICs).
+A ring crossing scale-up domains runs at min(k × scale-out × bus, in-domain rate), k the
+group's members per scale-up domain: they share the crossing over all of the domain's
+NICs (an NVL72 rack's 72, not one four-GPU host's).
 """
 
 from __future__ import annotations
@@ -213,6 +213,8 @@ def test_nvl72_domain_keeps_large_groups_on_nvlink() -> None:
     assert group_link(c, EFF, 64, 1).bytes_per_s == pytest.approx(up)
     assert group_link(c, EFF, 8, 8).bytes_per_s == pytest.approx(up)  # span 64 ≤ 72
     assert group_link(c, EFF, 72, 1).latency_s == DEVICES["gb200"].scale_up.latency_s
+    # 144 ranks cross two racks: 72 per rack, capped by NVLink.
+    assert group_link(c, EFF, 144, 1).bytes_per_s == pytest.approx(min(72 * 40e9, up))
 
 
 GB200_OUT = 50e9 * OUT_BUS
@@ -220,52 +222,51 @@ GB200_UP = 900e9 * UP_BUS
 
 
 @pytest.mark.parametrize(
-    ("size", "stride", "members", "sharers"),
+    ("size", "stride", "members", "expected"),
     [
-        (144, 1, 72, 4),  # 72 per rack, but only 4 per host share its NICs
-        (144, 2, 36, 2),
-        (36, 4, 18, 1),  # one member per host
-        (18, 8, 9, 1),  # stride beyond a host: one member per host
-        (4, 36, 2, 1),
-        (2, 72, 1, 1),  # one member per rack
+        (144, 1, 72, GB200_UP),  # 72 × 40 GB/s = 2880 GB/s: NVLink's 675 GB/s caps it
+        (144, 2, 36, GB200_UP),  # 1440 GB/s: capped
+        (36, 4, 18, GB200_UP),  # 720 GB/s: capped
+        (18, 8, 9, 9 * GB200_OUT),  # 360 GB/s, though no host holds two members
+        (4, 36, 2, 2 * GB200_OUT),
+        (2, 72, 1, GB200_OUT),  # one member per rack
     ],
 )
-def test_nvl72_ring_crossing_racks_runs_at_the_per_node_nic_share(
-    size: int, stride: int, members: int, sharers: int
+def test_nvl72_ring_crossing_racks_shares_the_whole_racks_nics(
+    size: int, stride: int, members: int, expected: float
 ) -> None:
-    """GB200 NVL72: a ring leaving the rack leaves through the NICs of each host it
-    touches; the group's members in one host (4 // stride) share them, not its members
-    in the 72-GPU domain. The all-to-all still splits by the domain."""
+    """GB200 NVL72: a ring leaving the rack shares the crossing among the group's members
+    in the whole 72-GPU domain (and their NICs), not only those in one four-GPU host."""
     c = Cluster(device=DEVICES["gb200"], num_devices=1024)
     assert (c.scale_up_domain, c.per_node) == (72, 4)
     lk = group_link(c, EFF, size, stride)
     assert lk.members_per_domain == members
-    assert lk.bytes_per_s == pytest.approx(sharers * GB200_OUT, rel=1e-12)
-    assert lk.bytes_per_s < GB200_UP  # far below the NVLink cap
+    assert lk.bytes_per_s == pytest.approx(expected, rel=1e-12)
+    assert lk.bytes_per_s == pytest.approx(min(members * GB200_OUT, GB200_UP), rel=1e-12)
     assert lk.intra_bytes_per_s == pytest.approx(GB200_UP)
     assert lk.inter_bytes_per_s == pytest.approx(GB200_OUT)
     assert lk.latency_s == pytest.approx(DEVICES["gb200"].scale_out.latency_s)
-    # 2 × 1 GB all-reduce (2·(n − 1)/n · S / bw): at 4 × 40 GB/s for 144 ranks, not 72 ×.
-    expected = 2 * (size - 1) / size * 1e9 / (sharers * GB200_OUT) + 2 * (size - 1) * 8e-6
-    assert all_reduce_s(lk, 1e9) == pytest.approx(expected, rel=1e-12)
+    # A 1 GB all-reduce at that rate: 2·(n − 1)/n · S / bw + 2·(n − 1)·α.
+    ar = 2 * (size - 1) / size * 1e9 / expected + 2 * (size - 1) * 8e-6
+    assert all_reduce_s(lk, 1e9) == pytest.approx(ar, rel=1e-12)
 
 
-def test_nic_sharers_counted_per_node_inside_a_wider_domain() -> None:
-    """H100 hosts of four GPUs in an eight-GPU NVLink domain: a 16-rank ring has 8
-    members per domain but only 4 per host to share the host's NICs."""
+def test_ring_crossing_domains_shares_the_domain_not_the_host() -> None:
+    """H100 hosts of four GPUs in an eight-GPU NVLink domain: a 16-rank ring has 8 members
+    per domain, and runs at 8 × the per-GPU network rate, not 4 × (one host's NICs)."""
     c = Cluster(device=DEVICES["h100-sxm"], num_devices=64, devices_per_node=4)
     assert (c.scale_up_domain, c.per_node) == (8, 4)
     lk = group_link(c, EFF, 16, 1)
     assert lk.members_per_domain == 8
-    assert lk.bytes_per_s == pytest.approx(4 * H100_OUT, rel=1e-12)
-    assert group_link(c, EFF, 16, 2).bytes_per_s == pytest.approx(2 * H100_OUT, rel=1e-12)
-    assert group_link(c, EFF, 8, 4).bytes_per_s == pytest.approx(H100_OUT, rel=1e-12)
-    # Eight-GPU hosts (the default): all 8 members of the domain share the crossing.
-    assert group_link(cluster(), EFF, 16, 1).bytes_per_s == pytest.approx(8 * H100_OUT, rel=1e-12)
+    assert lk.bytes_per_s == pytest.approx(8 * H100_OUT, rel=1e-12)
+    assert group_link(c, EFF, 16, 2).bytes_per_s == pytest.approx(4 * H100_OUT, rel=1e-12)
+    assert group_link(c, EFF, 8, 4).bytes_per_s == pytest.approx(2 * H100_OUT, rel=1e-12)
+    # The same as with eight-GPU hosts (the default).
+    assert group_link(cluster(), EFF, 16, 1).bytes_per_s == pytest.approx(lk.bytes_per_s)
 
 
-def test_more_members_per_node_never_slow_a_crossing_ring() -> None:
-    """A tighter stride puts more of the group in each host: never a slower ring."""
+def test_more_members_per_domain_never_slow_a_crossing_ring() -> None:
+    """A tighter stride puts more of the group in each domain: never a slower ring."""
     for device_id in ("gb200", "h100-sxm", "mi300x", "ascend-910c"):
         c = Cluster(device=DEVICES[device_id], num_devices=4096)
         for size in (2, 8, 64, 512):
