@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from ndplan.core.errors import InvalidInputError
 from ndplan.core.layout import Layout
@@ -85,8 +86,8 @@ def layout_from_flags(
             recompute=recompute,
             offload_optimizer=offload,
         )
-    except ValueError as exc:
-        msg = str(exc).split("\n")[1].strip() if "\n" in str(exc) else str(exc)
+    except ValidationError as exc:
+        msg = exc.errors()[0].get("msg", str(exc))
         raise InvalidInputError(f"layout: {msg.removeprefix('Value error, ')}") from None
 
 

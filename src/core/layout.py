@@ -52,6 +52,8 @@ class Layout(Frozen):
             )
         if self.schedule == "interleaved" and self.pp == 1:
             raise ValueError("schedule 'interleaved' needs pp > 1")
+        if self.schedule == "interleaved" and self.vpp == 1:
+            raise ValueError("schedule 'interleaved' needs vpp > 1 (with vpp 1 it is plain 1f1b)")
         if self.schedule == "dualpipev" and self.pp == 1:
             raise ValueError("schedule 'dualpipev' needs pp > 1")
         return self
