@@ -140,7 +140,8 @@ def case_st(draw, uneven: bool = True, schedules: tuple[str, ...] | None = None)
     def schedules_for(p: int) -> list[str]:
         if p == 1:
             return ["1f1b"] if "1f1b" in allowed else []
-        return [s for s in allowed if s != "dualpipev" or 2 * p <= num_layers]
+        # DualPipeV needs two chunks per stage, interleaving at least two (vpp ≥ 2).
+        return [s for s in allowed if s not in ("dualpipev", "interleaved") or 2 * p <= num_layers]
 
     pps = [p for p in (1, 2, 4) if p <= num_layers and schedules_for(p)]
     assume(pps)  # DualPipeV alone needs two layers per chunk
@@ -150,7 +151,7 @@ def case_st(draw, uneven: bool = True, schedules: tuple[str, ...] | None = None)
     schedule = draw(st.sampled_from(schedules_for(pp)))
     vpp = 1
     if schedule == "interleaved":
-        vpp = draw(st.sampled_from([v for v in (1, 2, 4) if pp * v <= num_layers]))
+        vpp = draw(st.sampled_from([v for v in (2, 4) if pp * v <= num_layers]))
     ep, etp = 1, None
     experts = next((k.ffn.num_experts for k in kinds if isinstance(k.ffn, MoEFFN)), None)
     if experts is not None:
