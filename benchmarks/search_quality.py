@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ndplan.adapters.measured import RunInterpreter, read_rows
 from ndplan.core.errors import NdplanError
-from ndplan.core.layout import SearchSpace
+from ndplan.core.layout import SearchSpace, layout_label
 from ndplan.planner import Planner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,14 +84,8 @@ def evaluate(planner: Planner, case) -> dict:
         "gbs": case.job.global_batch_size,
         "seq": case.job.seq_length,
         "precision": case.job.precision,
-        "published": f"tp{lay.tp} pp{lay.pp}"
-        + (f"×{lay.vpp}" if lay.vpp > 1 else "")
-        + f" cp{lay.cp} dp{lay.dp}"
-        f" mbs{lay.mbs} z{lay.zero}",
-        "best": f"tp{b['tp']} pp{b['pp']}"
-        + (f"×{b['vpp']}" if b["vpp"] > 1 else "")
-        + f" cp{b['cp']} dp{b['dp']}"
-        f" mbs{b['mbs']} z{b['zero']}" + (" off" if b["offload_optimizer"] else ""),
+        "published": lay.label,
+        "best": layout_label(b),
         "rank": rank,
         "gap": gap,
     }

@@ -46,6 +46,9 @@ class RowResult:
     model: str
     family: str
     hardware: str
+    num_devices: int
+    tokens_per_step: int
+    layout: str
     moe: bool
     check: bool
     measured_s: float
@@ -88,6 +91,9 @@ def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> Row
         model=case.model_label,
         family=case.family,
         hardware=case.hardware,
+        num_devices=case.num_devices,
+        tokens_per_step=case.job.global_batch_size * case.job.seq_length,
+        layout=case.layout.label,
         moe=case.moe,
         check=case.check,
         measured_s=case.measured_step_s,
@@ -129,25 +135,28 @@ def group_stats(
     return [GroupStats(name, k, ErrorStats.of(v)) for k, v in sorted(groups.items())]
 
 
-def ranking_groups(results: Sequence[RowResult], same: Callable[[RowResult], tuple]) -> list[dict]:
-    """Groups of rows with the same model, hardware and device count but different layouts:
-    Spearman of predicted vs measured throughput, and whether the measured best is in
-    the predicted top 3."""
+def ranking_groups(results: Sequence[RowResult]) -> list[dict]:
+    """Groups of rows with the same model, hardware and device count that measured at
+    least two different layouts: the Spearman correlation of predicted and measured
+    throughput (tokens/s, so rows with other batches compare fairly; NaN when one side
+    ties throughout) and whether the measured best is in the predicted top 3."""
     groups: dict[tuple, list[RowResult]] = defaultdict(list)
     for r in results:
-        groups[same(r)].append(r)
+        groups[(r.model, r.hardware, r.num_devices)].append(r)
     out = []
     for key, rows in sorted(groups.items()):
-        if len(rows) < 3:
+        layouts = {r.layout for r in rows}
+        if len(rows) < 3 or len(layouts) < 2:
             continue
-        measured = [1 / r.measured_s for r in rows]
-        predicted = [1 / r.predicted_s for r in rows]
+        measured = [r.tokens_per_step / r.measured_s for r in rows]
+        predicted = [r.tokens_per_step / r.predicted_s for r in rows]
         best = max(range(len(rows)), key=lambda i: measured[i])
         top3 = sorted(range(len(rows)), key=lambda i: -predicted[i])[:3]
         out.append(
             {
                 "group": " · ".join(str(k) for k in key),
                 "rows": len(rows),
+                "layouts": len(layouts),
                 "spearman": spearman(predicted, measured),
                 "measured_best_in_top3": best in top3,
             }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -128,10 +129,7 @@ def compare_cmd(
     results = compare(planner, cases, cal)
     sections = summary_sections(results)
     memory = [r for r in results if r.measured_peak_gib is not None]
-    ranking = ranking_groups(
-        [r for r in results if not r.check],
-        lambda r: (r.model, r.hardware, cases_n(cases, r.row_id)),
-    )
+    ranking = ranking_groups([r for r in results if not r.check])
     if as_json:
         print_json(
             {
@@ -159,7 +157,11 @@ def compare_cmd(
                     }
                     for r in memory
                 ],
-                "ranking": ranking,
+                # NaN is not JSON: a group whose throughputs tie has no correlation.
+                "ranking": [
+                    {**g, "spearman": None if math.isnan(g["spearman"]) else g["spearman"]}
+                    for g in ranking
+                ],
             }
         )
         return
@@ -213,13 +215,20 @@ def compare_cmd(
     if ranking:
         stdout.print(
             table(
-                "ranking within groups (same model, hardware, devices)",
-                ["group", ("rows", "right"), ("Spearman", "right"), "measured best in top 3"],
+                "ranking within groups (same model, hardware, devices; several layouts)",
+                [
+                    "group",
+                    ("rows", "right"),
+                    ("layouts", "right"),
+                    ("Spearman", "right"),
+                    "measured best in top 3",
+                ],
                 [
                     (
                         g["group"],
                         g["rows"],
-                        f"{g['spearman']:.2f}",
+                        g["layouts"],
+                        _spearman_text(g["spearman"]),
                         "yes" if g["measured_best_in_top3"] else "no",
                     )
                     for g in ranking
@@ -229,11 +238,8 @@ def compare_cmd(
     _print_skips(skips)
 
 
-def cases_n(cases, row_id: int) -> int:
-    for c in cases:
-        if c.row_id == row_id:
-            return c.num_devices
-    return 0
+def _spearman_text(rho: float) -> str:
+    return "— (ties)" if math.isnan(rho) else f"{rho:.2f}"
 
 
 def _print_skips(skips: list[Skip]) -> None:

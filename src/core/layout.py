@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -12,6 +13,21 @@ from .errors import InvalidInputError
 Schedule = Literal["1f1b", "interleaved", "gpipe", "dualpipev"]
 RecomputePolicy = Literal["none", "selective", "full", "auto"]
 DIMENSIONS = ("DP", "TP", "PP", "CP", "EP", "VPP", "MBS", "ZERO", "SP", "RECOMPUTE", "OFFLOAD")
+
+
+def layout_label(values: Mapping[str, Any]) -> str:
+    """The degrees in one short line (``tp4 pp8×4 cp2 dp2 mbs1 z1``) for tables and notes;
+    takes a layout's fields or a search candidate's mapping of them."""
+    vpp = values.get("vpp", 1)
+    ep = values.get("ep", 1)
+    return (
+        f"tp{values['tp']} pp{values['pp']}"
+        + (f"×{vpp}" if vpp > 1 else "")
+        + f" cp{values['cp']}"
+        + (f" ep{ep}" if ep > 1 else "")
+        + f" dp{values['dp']} mbs{values['mbs']} z{values['zero']}"
+        + (" off" if values.get("offload_optimizer") else "")
+    )
 
 
 class Layout(Frozen):
@@ -77,6 +93,10 @@ class Layout(Frozen):
     @property
     def devices(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def label(self) -> str:
+        return layout_label(self.model_dump())
 
     @property
     def expert_data_parallel(self) -> int:

@@ -332,3 +332,12 @@ def test_strict_refuses_to_assume_naming_the_field() -> None:
     assert "4096" in message and "--strict" in message and "(read by job)" in message
     assert err.value.exit_code is ExitCode.INVALID_INPUT
     assert rec.items == ()
+
+
+def test_layout_label_names_the_degrees_it_needs() -> None:
+    plain = Layout(
+        dp=8, tp=4, pp=8, vpp=4, mbs=1, num_microbatches=48, zero=1, schedule="interleaved"
+    )
+    assert plain.label == "tp4 pp8×4 cp1 dp8 mbs1 z1"
+    moe = Layout(dp=4, tp=2, ep=8, mbs=2, num_microbatches=8, zero=3, offload_optimizer=True)
+    assert moe.label == "tp2 pp1 cp1 ep8 dp4 mbs2 z3 off"

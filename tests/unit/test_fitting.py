@@ -205,3 +205,49 @@ def test_shipped_calibration_is_a_point_of_its_own_space() -> None:
     assert np.all(x >= lows) and np.all(x <= highs), "shipped values outside the fit's bounds"
     rebuilt = space.calibration(x, **shipped.fit)
     assert rebuilt.model_dump(exclude={"source"}) == shipped.model_dump(exclude={"source"})
+
+
+def _row(row_id: int, layout: str, gbs: int, measured_s: float, predicted_s: float):
+    from ndplan.validation import RowResult
+
+    return RowResult(
+        row_id=row_id,
+        source="s",
+        model="m",
+        family="llama",
+        hardware="h100-sxm",
+        num_devices=64,
+        tokens_per_step=gbs * 4096,
+        layout=layout,
+        moe=False,
+        check=False,
+        measured_s=measured_s,
+        predicted_s=predicted_s,
+        fits=True,
+        predicted_peak_gib=60.0,
+        measured_peak_gib=None,
+        step_from="tokens",
+    )
+
+
+def test_ranking_groups_compare_throughput_not_step_time() -> None:
+    """Row 3 runs twice the batch: by tokens/s the measured order is 1 > 3 > 2 and the
+    predicted 3 > 1 > 2 (ρ = 0.5); ranking by step time would call both 1 > 2 > 3 (ρ = 1)."""
+    from ndplan.validation import ranking_groups
+
+    rows = [
+        _row(1, "tp1 pp1 cp1 dp64 mbs1 z1", 128, 1.0, 1.00),
+        _row(2, "tp2 pp1 cp1 dp32 mbs1 z1", 128, 1.1, 1.05),
+        _row(3, "tp4 pp1 cp1 dp16 mbs1 z1", 256, 2.1, 1.90),
+    ]
+    (group,) = ranking_groups(rows)
+    assert group["layouts"] == 3
+    assert group["spearman"] == pytest.approx(0.5)
+    assert group["measured_best_in_top3"]
+
+
+def test_ranking_groups_need_two_layouts() -> None:
+    from ndplan.validation import ranking_groups
+
+    same = [_row(i, "tp1 pp1 cp1 dp64 mbs1 z1", 128, 1.0 + i / 10, 1.0) for i in range(4)]
+    assert ranking_groups(same) == []
