@@ -641,7 +641,9 @@ class NdplanCostModel:
 
         The pipeline time is monotone in every stage's time; the per-step data-parallel
         communication hides under the shortest of the stages' last backward (and first
-        forward) — the window every stage's reduction is sure to have — and the optimizer
+        forward), with interleaved and DualPipeV stretched by the waits the pipeline does
+        not charge a faster stage — the window every stage's reduction is sure to have —
+        and the optimizer
         step waits for the slowest stage's update. No recompute choice can make the step
         faster (which keeps the search's bounds valid).
         """
@@ -672,17 +674,29 @@ class NdplanCostModel:
         for name, value in crit.items():
             parts[name] += m * value
         parts["bubble"] = max(0.0, pipeline - m * t_max)
+
         # Gradients reduce while the last micro-batch's backward runs (chunk by chunk,
         # through the drain, for interleaved and V schedules). The window leaves out
         # recompute, so no recompute choice can shorten the step through it: the search's
-        # bound (every layer at its fastest option) stays a lower bound.
+        # bound (every layer at its fastest option) stays a lower bound. A stage faster
+        # than the critical one waits (t_max − t_s) per slot for it; the share of that wait
+        # the pipeline does not charge the stage (1 − its weight in the pipeline: 1/vpp
+        # interleaved, nothing in DualPipeV's bubble) is wall time its reduction runs in.
+        # Without it a faster off-critical stage would shrink the window by more than it
+        # shortens the pipeline, and the step would get slower.
+        def slack(i: int) -> float:
+            if i == slowest or layout.schedule not in ("interleaved", "dualpipev"):
+                return 0.0
+            weight = 1.0 / layout.vpp if layout.schedule == "interleaved" else 0.0
+            return (1.0 - weight) * (t_max - totals[i])
+
         window_bwd = min(
-            s.get("backward", 0.0) - getattr(s, "cp_hidden_backward", 0.0)
-            for s in stage_layer_seconds
+            s.get("backward", 0.0) - getattr(s, "cp_hidden_backward", 0.0) + slack(i)
+            for i, s in enumerate(stage_layer_seconds)
         )
         window_fwd = min(
-            s.get("forward", 0.0) - getattr(s, "cp_hidden_forward", 0.0)
-            for s in stage_layer_seconds
+            s.get("forward", 0.0) - getattr(s, "cp_hidden_forward", 0.0) + slack(i)
+            for i, s in enumerate(stage_layer_seconds)
         )
         dp, optimizer = self.data_parallel_and_optimizer(
             ctx, layout, stages, window_fwd, window_bwd
