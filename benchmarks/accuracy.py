@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 from ndplan.adapters.measured import RunInterpreter, read_rows
-from ndplan.cli.compare import summary_sections
+from ndplan.cli.compare import spearman_text, summary_sections
 from ndplan.core.fitting import ErrorStats
 from ndplan.planner import Planner
 from ndplan.validation import compare, ranking_groups
@@ -137,7 +137,7 @@ def main(out: Path = OUT) -> dict:
                         g["group"],
                         g["rows"],
                         g["layouts"],
-                        "— (ties)" if math.isnan(g["spearman"]) else f"{g['spearman']:.2f}",
+                        spearman_text(g["spearman"]),
                         "yes" if g["measured_best_in_top3"] else "no",
                     ]
                     for g in ranking

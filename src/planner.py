@@ -21,6 +21,7 @@ from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, PluginError
 from ndplan.core.job import Job
+from ndplan.core.kernels.knapsack import DEFAULT_BUCKET_BYTES
 from ndplan.core.layout import Layout, SearchSpace, check_layout
 from ndplan.core.model import ModelSpec, MoEFFN
 from ndplan.core.plan import Plan
@@ -38,7 +39,7 @@ class PricingOptions:
     memory_model: str = "ndplan"
     cost_model: str = "ndplan"
     knapsack_solver: str = "dp"
-    bucket_bytes: int = 2**20
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
     max_mem_gib: float | None = None
     balance_reserve_gib: float = 0.0
     reserve_gib: float | None = None

@@ -111,16 +111,6 @@ def _planner(recipe: SweepRecipe):
     return found
 
 
-def recompute_summary(plan: Plan) -> str:
-    """``none``, ``full``, or ``selective 60, none 20``: layers per recompute option."""
-    counts: dict[str, int] = {}
-    for r in plan.recompute:
-        counts[r.option] = counts.get(r.option, 0) + (r.stop - r.start)
-    if len(counts) == 1:
-        return next(iter(counts))
-    return ", ".join(f"{o} {n}" for o, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-
-
 def _row(scenario: Scenario, status: str, plan: Plan | None = None, reason: str = "") -> dict:
     row: dict[str, Any] = dict.fromkeys(ROW_FIELDS)
     row.update(
@@ -148,7 +138,7 @@ def _row(scenario: Scenario, status: str, plan: Plan | None = None, reason: str 
             sp=lay.sequence_parallel,
             offload_optimizer=lay.offload_optimizer,
             schedule=lay.schedule,
-            recompute=recompute_summary(plan),
+            recompute=plan.recompute_summary(),
             step_s=plan.time.step_s if plan.time else None,
             tokens_per_s_per_device=plan.tokens_per_s_per_device,
             mfu=plan.mfu,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ndplan.adapters.measured import RunCase
-from ndplan.core.calibration import Calibration, DeviceEfficiency, Overlap
+from ndplan.core.calibration import Calibration, Overlap
 from ndplan.core.cluster import Cluster
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import NdplanError
@@ -313,7 +313,3 @@ def fit_calibration(
         evaluations=float(calls),
     )
     return fitted.model_copy(update={"source": source}), results
-
-
-def device_efficiency_fields() -> tuple[str, ...]:
-    return tuple(DeviceEfficiency.model_fields)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ndplan.adapters.measured import RunInterpreter, Skip, read_rows
+from ndplan.adapters.measured import RunCase, RunInterpreter, Skip, read_rows
 from ndplan.core.errors import InvalidInputError
 from ndplan.core.fitting import ErrorStats
 from ndplan.planner import Planner
@@ -166,6 +166,7 @@ def compare_cmd(
         )
         return
     if per_row:
+        by_id = {c.row_id: c for c in cases}
         stdout.print(
             table(
                 f"predicted vs measured step time ({cal.source})",
@@ -182,7 +183,7 @@ def compare_cmd(
                     ("error", "right"),
                     "fits",
                 ],
-                [_row_cells(r, cases) for r in results],
+                [_row_cells(r, by_id[r.row_id]) for r in results],
             )
         )
     for name, items in sections.items():
@@ -228,7 +229,7 @@ def compare_cmd(
                         g["group"],
                         g["rows"],
                         g["layouts"],
-                        _spearman_text(g["spearman"]),
+                        spearman_text(g["spearman"]),
                         "yes" if g["measured_best_in_top3"] else "no",
                     )
                     for g in ranking
@@ -238,7 +239,7 @@ def compare_cmd(
     _print_skips(skips)
 
 
-def _spearman_text(rho: float) -> str:
+def spearman_text(rho: float) -> str:
     return "— (ties)" if math.isnan(rho) else f"{rho:.2f}"
 
 
@@ -258,24 +259,15 @@ def _print_skips(skips: list[Skip]) -> None:
     )
 
 
-def _row_cells(r: RowResult, cases) -> list:
-    case = next(c for c in cases if c.row_id == r.row_id)
-    lay = case.layout
-    layout = (
-        f"tp{lay.tp} pp{lay.pp}"
-        + (f"v{lay.vpp}" if lay.vpp > 1 else "")
-        + f" cp{lay.cp}"
-        + (f" ep{lay.ep}" if lay.ep > 1 else "")
-        + f" dp{lay.dp} mbs{lay.mbs} z{lay.zero} {case.job.precision}"
-    )
+def _row_cells(r: RowResult, case: RunCase) -> list:
     return [
         r.row_id,
         r.split + ("*" if r.check else ""),
         r.source,
         r.model,
         r.hardware,
-        case.num_devices,
-        layout,
+        r.num_devices,
+        f"{r.layout} {case.job.precision}",
         f"{r.measured_s:.3f}",
         f"{r.predicted_s:.3f}",
         _pct(r.error),

@@ -9,6 +9,7 @@ import typer
 
 from ndplan.core import cluster, counting, job, layout, model, plan
 from ndplan.core.errors import InvalidInputError
+from ndplan.plugins.manager import BUILTIN_NAME
 
 from .options import DeviceFiles, Json, state
 from .output import note, print_json, stdout, table
@@ -102,7 +103,7 @@ def devices(ctx: typer.Context, as_json: Json = False, device_file: DeviceFiles 
                 d.devices_per_node,
                 f"{d.scale_up.bandwidth_gb_per_s:g}×{d.scale_up.domain_size}",
                 f"{d.scale_out.bandwidth_gb_per_s:g}",
-                e.plugin if e.plugin != "ndplan.builtin" else "",
+                e.plugin if e.plugin != BUILTIN_NAME else "",
             )
         )
     stdout.print(

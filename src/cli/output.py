@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
+from ndplan.adapters.files import replace_atomically
 from ndplan.core.errors import InvalidInputError
 
 # Piped tables (`ndplan devices | grep h100`) must not be squeezed into rich's default
@@ -70,14 +70,7 @@ def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
     if path.exists() and not force:
         raise InvalidInputError(f"{path}: exists; pass --force to overwrite it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    replace_atomically(path, text)
 
 
 def gib(num_bytes: float) -> str:

@@ -188,15 +188,6 @@ def build_space(
         ) from None
 
 
-def recompute_summary(plan: Plan) -> str:
-    counts: dict[str, int] = {}
-    for r in plan.recompute:
-        counts[r.option] = counts.get(r.option, 0) + (r.stop - r.start)
-    if len(counts) == 1:
-        return next(iter(counts))
-    return ", ".join(f"{o} {n}" for o, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
 SHARE_NAMES = (
     ("forward", "fwd"),
     ("backward", "bwd"),
@@ -242,7 +233,7 @@ def ranking_table(plans: tuple[Plan, ...]):
                 lay.zero,
                 "on" if lay.sequence_parallel else "",
                 "yes" if lay.offload_optimizer else "",
-                recompute_summary(p),
+                p.recompute_summary(),
                 f"{p.memory.peak_bytes / 2**30:.1f} (s{p.memory.peak_stage})",
                 f"{p.time.step_s:.3f}",
                 f"{p.tokens_per_s_per_device:,.0f}",

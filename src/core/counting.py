@@ -52,16 +52,6 @@ class KindParameters:
             + self.extra
         )
 
-    @property
-    def expert_parameters(self) -> int:
-        """Routed-expert parameters (sharded by EP × ETP)."""
-        return self.experts
-
-    @property
-    def dense_parameters(self) -> int:
-        """Everything but the routed experts (sharded by TP, replicated across EP)."""
-        return self.total - self.experts
-
     def active(self, top_k: int) -> int:
         return self.total - self.experts + top_k * self.expert_one
 

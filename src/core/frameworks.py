@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .errors import InvalidInputError
+from .units import MiB
 
 SWITCHES = ("core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn")
 """Recomputable ops (spec/recompute.md): core attention (scores/softmax, or the flash
@@ -46,11 +47,6 @@ class FrameworkTraits:
     grad_accumulation_sync: bool
     """FSDP reduce-scatters gradients every micro-batch (no no_sync)."""
 
-    @property
-    def main_grad_bytes(self) -> int:
-        """Bytes per gradient element of the framework's default gradient buffer."""
-        return 4 if self.grad_reduce_dtype == "fp32" else 2
-
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {
     "megatron": FrameworkTraits(
@@ -84,7 +80,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         fsdp_fp32_params=True,
         expert_tp=True,
         uneven_pipeline=True,
-        dp_bucket_bytes=2 * 25 * 2**20,
+        dp_bucket_bytes=50 * MiB,
         grad_accumulation_sync=True,
     ),
     "mindformers": FrameworkTraits(

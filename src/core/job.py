@@ -109,5 +109,10 @@ class JobSettings:
         return GEMM_PRECISION[self.precision]
 
     @property
+    def grad_reduce_bytes(self) -> int:
+        """Bytes per element of the gradient buffer and its data-parallel reduction."""
+        return 4 if self.grad_reduce_dtype == "fp32" else 2
+
+    @property
     def is_low_precision(self) -> bool:
         return self.precision in ("fp8", "fp8-blockwise", "mxfp8", "fp4")

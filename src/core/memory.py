@@ -307,7 +307,7 @@ class NdplanMemoryModel:
                     2 * param_bytes + 4
                 )
         else:
-            grad_bytes = 4 if ctx.settings.grad_reduce_dtype == "fp32" else 2
+            grad_bytes = ctx.settings.grad_reduce_bytes
             if fw.fsdp_fp32_params:  # DDP under autocast: fp32 parameters are the master copy
                 param_bytes, optimizer_bytes = 4.0, optimizer_bytes - 4
             weight_shard = (dense_shard, expert_shard) if layout.zero >= 3 else (1, 1)
@@ -448,17 +448,19 @@ class NdplanMemoryModel:
             for kind_index, in_flight, count, recompute in choices:
                 kind = ctx.model.kinds[kind_index]
                 act += count * in_flight * self.layer_activation_bytes(ctx, layout, kind, recompute)
-            parts = {"activations": act, **parts}
-            stages.append(
-                StageMemory(
-                    stage=stage.index,
-                    layers=tuple((c.start, c.stop) for c in stage.chunks),
-                    in_flight=tuple(c.in_flight for c in stage.chunks),
-                    parts=parts,
-                    total_bytes=sum(parts.values()),
-                )
-            )
+            stages.append(stage_memory(stage, {"activations": act, **parts}))
         return _finish(ctx, "ndplan", stages)
+
+
+def stage_memory(stage: StagePlacement, parts: dict[str, int]) -> StageMemory:
+    """One stage's memory: its layers, in-flight micro-batches, parts and their sum."""
+    return StageMemory(
+        stage=stage.index,
+        layers=tuple((c.start, c.stop) for c in stage.chunks),
+        in_flight=tuple(c.in_flight for c in stage.chunks),
+        parts=parts,
+        total_bytes=sum(parts.values()),
+    )
 
 
 def _finish(
@@ -600,13 +602,9 @@ class MegatronMemoryModel:
         weights = math.ceil(self.weights_and_optimizer_bytes(ctx, layout))
         act, _ = self.activation_bytes(ctx, layout)
         activations = math.ceil(act)
-        stage0 = ctx.placement(layout)[0]
-        stage = StageMemory(
-            stage=0,
-            layers=tuple((c.start, c.stop) for c in stage0.chunks),
-            in_flight=tuple(c.in_flight for c in stage0.chunks),
-            parts={"weights_and_optimizer": weights, "activations": activations},
-            total_bytes=weights + activations,
+        stage = stage_memory(
+            ctx.placement(layout)[0],
+            {"weights_and_optimizer": weights, "activations": activations},
         )
         return _finish(
             ctx,

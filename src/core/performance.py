@@ -622,7 +622,7 @@ class NdplanCostModel:
         if found is None:
             links = self.links(ctx, layout)
             dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
-            grad_bytes = 4 if ctx.settings.grad_reduce_dtype == "fp32" else 2
+            grad_bytes = ctx.settings.grad_reduce_bytes
             gather = all_gather_s(links.dp, dense * 2) + all_gather_s(links.expert_dp, expert * 2)
             scatter = reduce_scatter_s(links.dp, dense * grad_bytes) + reduce_scatter_s(
                 links.expert_dp, expert * grad_bytes

@@ -81,6 +81,17 @@ class Plan(Frozen):
     recompute: tuple[RecomputeRange, ...] = ()
     """Per-layer recompute assignment as layer ranges."""
 
+    def recompute_summary(self) -> str:
+        """``none``, ``full``, or ``none 60, norm 19, norm+act 1``: layers per recompute
+        option, most first (ties by name, so equal plans read the same)."""
+        counts: dict[str, int] = {}
+        for r in self.recompute:
+            counts[r.option] = counts.get(r.option, 0) + (r.stop - r.start)
+        if len(counts) == 1:
+            return next(iter(counts))
+        by_layers = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return ", ".join(f"{option} {n}" for option, n in by_layers)
+
 
 class PhaseTimes(Frozen):
     """Wall time of the search's phases, seconds."""

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from .context import PricingContext, StagePlacement, layer_key
 from .kernels.knapsack import LayerGroup, StageChoice
 from .layout import Layout
-from .plan import MemoryBreakdown, Plan, RecomputeRange, StageMemory, TimeBreakdown
+from .memory import stage_memory
+from .plan import MemoryBreakdown, Plan, RecomputeRange, TimeBreakdown
 from .ports import CostModel, KnapsackSolver, MemoryModel, Recompute
 from .recompute import kind_front, kind_options, option_name, parse_option
 
@@ -69,9 +70,6 @@ class Pricer:
         if policy == "selective":
             return self.ctx.framework.selective
         return frozenset()
-
-    def _fixed_assignment(self, stage: StagePlacement, recompute: Recompute) -> Assignment:
-        return tuple((kind, k, count, recompute) for kind, count, k in stage.groups)
 
     def static(
         self, layout: Layout
@@ -226,12 +224,7 @@ class Pricer:
             "stage_s",
             stage.role[:4],
             assignment,
-            layout.tp,
-            layout.cp,
-            layout.sequence_parallel,
-            layout.ep,
-            layout.expert_tp,
-            layout.mbs,
+            *layer_key(layout),
             layout.pp > 1,
             layout.vpp,
             layout.schedule,
@@ -255,16 +248,7 @@ class Pricer:
             self.memory.stage_static_bytes(ctx, priced.layout, s) for s in priced.stages
         )
         for stage, parts, act in zip(priced.stages, static, priced.activations, strict=True):
-            full = {"activations": act, **parts}
-            stages.append(
-                StageMemory(
-                    stage=stage.index,
-                    layers=tuple((c.start, c.stop) for c in stage.chunks),
-                    in_flight=tuple(c.in_flight for c in stage.chunks),
-                    parts=full,
-                    total_bytes=sum(full.values()),
-                )
-            )
+            stages.append(stage_memory(stage, {"activations": act, **parts}))
         return MemoryBreakdown(
             mode="ndplan",
             stages=tuple(stages),

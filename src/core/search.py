@@ -151,7 +151,6 @@ class SearchSettings:
     space: SearchSpace
     top_k: int = 10
     bounding: bool = True
-    record_refusals: bool = False
 
 
 def _allowed(values: tuple | None, value) -> bool:

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import subprocess
@@ -20,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from megatron_reference import ROWS, row_config
 
 from ndplan.cli import output
 from ndplan.cli.app import run
@@ -61,36 +61,8 @@ def one_error_line(err: str) -> str:
 # ----------------------------------------------------------------------------- megatron mode
 
 
-def reference_rows() -> list[dict[str, str]]:
-    with (SHARED_DATA / "megatron_reference_vectors.csv").open(newline="") as fh:
-        return list(csv.DictReader(fh))
-
-
-ROWS = reference_rows()
-
-
 def write_config(path: Path, r: dict[str, str]) -> Path:
-    cfg: dict = {
-        "model_type": "llama",
-        "hidden_size": int(r["hidden"]),
-        "num_hidden_layers": int(r["layers"]),
-        "num_attention_heads": int(r["heads"]),
-        "num_key_value_heads": int(r["kv_groups"]),
-        "head_dim": int(r["kv_channels"]),
-        "intermediate_size": int(r["ffn_hidden"]),
-        "vocab_size": int(r["vocab_padded"]),
-        "tie_word_embeddings": r["untied"] != "true",
-        "hidden_act": "silu",
-        "max_position_embeddings": int(r["seq_len"]),
-        "rms_norm_eps": 1e-5,
-    }
-    if r["num_experts"]:
-        cfg.update(
-            model_type="mixtral",
-            num_local_experts=int(r["num_experts"]),
-            num_experts_per_tok=int(r["topk"]),
-            intermediate_size=int(r["moe_ffn_hidden"]),
-        )
+    cfg = row_config(r)
     out = path / "config.json"
     out.write_text(json.dumps(cfg), encoding="utf-8")
     return out

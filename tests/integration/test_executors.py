@@ -5,14 +5,12 @@ silences its workers, and closes cleanly."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_runs import DEMO, MOE, search_outputs
 
 from ndplan.adapters.executors.pool import PoolExecutor, split
 from ndplan.cli.app import run
@@ -21,53 +19,6 @@ from ndplan.core.errors import InternalError
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGINS = REPO / "tests" / "plugins"
-
-DEMO = ["-m", "llama-3-70b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "8192"]
-MOE = ["-m", "mixtral-8x7b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "4096"]
-
-
-def cli_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("NDPLAN_PLUGINS", "NDPLAN_JOBS", "NDPLAN_DEBUG", "NDPLAN_DISABLE_PLUGINS")
-    }
-    env.update(NDPLAN_NO_PROGRESS="1", COLUMNS="200", RAY_USAGE_STATS_ENABLED="0", **extra)
-    return env
-
-
-def ndplan(*args: str, **env: str) -> subprocess.CompletedProcess:
-    """The CLI in a fresh interpreter (so workers really start before inputs are parsed)."""
-    return subprocess.run(
-        [sys.executable, "-c", "from ndplan.cli.app import main; main()", *args],
-        capture_output=True,
-        text=True,
-        env=cli_env(**env),
-        timeout=300,
-    )
-
-
-def search_outputs(tmp: Path, problem: list[str], *executor: str) -> dict[str, object]:
-    """A search's --json (without wall times), --ranking-csv and --debug-dir files, as bytes."""
-    tmp.mkdir(parents=True)
-    proc = ndplan(
-        "search",
-        *problem,
-        *executor,
-        "--json",
-        "--ranking-csv",
-        str(tmp / "ranking.csv"),
-        "--debug-dir",
-        str(tmp / "debug"),
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)  # stdout is exactly the JSON
-    result["summary"].pop("seconds")
-    out: dict[str, object] = {"json": result, "ranking.csv": (tmp / "ranking.csv").read_bytes()}
-    for path in sorted((tmp / "debug").iterdir()):
-        out[f"debug/{path.name}"] = path.read_bytes()
-    return out
-
 
 # --------------------------------------------------------------- byte-identical outputs
 

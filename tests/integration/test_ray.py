@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runs import DEMO, MOE, search_outputs
 
 from ndplan.cli.app import run
 
@@ -21,45 +19,8 @@ ray = pytest.importorskip(
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-DEMO = ["-m", "llama-3-70b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "8192"]
-MOE = ["-m", "mixtral-8x7b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "4096"]
 SWEEP = ["-m", "llama-3-8b", "-m", "mixtral-8x7b", "-d", "h100", "-n", "16", "-n", "64"]
 SWEEP += ["--gbs", "256", "-s", "4096"]
-
-
-def search_outputs(tmp: Path, problem: list[str], *executor: str) -> dict[str, object]:
-    """A search's --json (without wall times), --ranking-csv and --debug-dir files, as bytes,
-    from the CLI in a fresh interpreter."""
-    tmp.mkdir(parents=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("NDPLAN_")}
-    env.update(NDPLAN_NO_PROGRESS="1", RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from ndplan.cli.app import main; main()",
-            "search",
-            *problem,
-            *executor,
-            "--json",
-            "--ranking-csv",
-            str(tmp / "ranking.csv"),
-            "--debug-dir",
-            str(tmp / "debug"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout)  # stdout is exactly the JSON: no Ray log lines
-    assert proc.stdout == json.dumps(result, indent=2, ensure_ascii=False) + "\n"
-    result["summary"].pop("seconds")
-    out: dict[str, object] = {"json": result, "ranking.csv": (tmp / "ranking.csv").read_bytes()}
-    for path in sorted((tmp / "debug").iterdir()):
-        out[f"debug/{path.name}"] = path.read_bytes()
-    return out
 
 
 def test_cli_search_on_a_local_ray_instance_matches_serial(tmp_path: Path) -> None:

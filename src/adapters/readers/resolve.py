@@ -9,7 +9,8 @@ name is an invalid-input error with close-match suggestions.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
@@ -34,6 +35,20 @@ class _Components(Protocol):
 
     readers: Any
     presets: Any
+
+
+@contextmanager
+def _blamed_on(plugin: str, failed: str) -> Iterator[None]:
+    """A third-party plugin's unexpected exception becomes a PluginError saying what
+    ``failed``; ndplan's own errors, and the built-in plugin's bugs, pass through."""
+    try:
+        yield
+    except NdplanError:
+        raise
+    except Exception as exc:
+        if plugin == BUILTIN_PLUGIN:
+            raise
+        raise PluginError(f"{failed}: {type(exc).__name__}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -88,17 +103,10 @@ def read_preset(components: _Components, name: str, recorder: AssumptionRecorder
         raise InvalidInputError(_unknown_preset_message(name, list(registry)))
     preset_id = registry.resolve(name)
     entry = registry.entry(preset_id)
-    try:
+    with _blamed_on(
+        entry.plugin, f"preset '{preset_id}' of plugin '{entry.plugin}' failed to load"
+    ):
         loaded = entry.value()
-    except NdplanError:
-        raise
-    except Exception as exc:
-        if entry.plugin == BUILTIN_PLUGIN:
-            raise
-        raise PluginError(
-            f"preset '{preset_id}' of plugin '{entry.plugin}' failed to load: "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
     if isinstance(loaded, ModelSpec):
         return ResolvedModel(spec=loaded, preset_id=preset_id)
     if not isinstance(loaded, Mapping):
@@ -121,17 +129,9 @@ def _read_path(
         reader = entry.value
         if not reader.can_read(path):
             continue
-        try:
+        failed = f"model reader '{entry.name}' of plugin '{entry.plugin}' failed on {path}"
+        with _blamed_on(entry.plugin, failed):
             spec = reader.read(path, recorder)
-        except NdplanError:
-            raise
-        except Exception as exc:
-            if entry.plugin == BUILTIN_PLUGIN:
-                raise
-            raise PluginError(
-                f"model reader '{entry.name}' of plugin '{entry.plugin}' failed on {path}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
         return ResolvedModel(spec=spec, path=path, reader=entry.name)
     return None
 

@@ -10,24 +10,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ndplan.adapters.files import replace_atomically
 from ndplan.core.errors import InvalidInputError
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _csv_text(rows: list[dict[str, Any]], leading: list[str]) -> str:
@@ -95,9 +83,13 @@ class CsvSink(_Buffered):
 
     def close(self) -> None:
         assert self.directory is not None
-        _atomic_write(self.directory / "debug_mem.csv", _csv_text(self.memory_rows, self.leading))
-        _atomic_write(self.directory / "debug_perf.csv", _csv_text(self.time_rows, self.leading))
-        _atomic_write(
+        replace_atomically(
+            self.directory / "debug_mem.csv", _csv_text(self.memory_rows, self.leading)
+        )
+        replace_atomically(
+            self.directory / "debug_perf.csv", _csv_text(self.time_rows, self.leading)
+        )
+        replace_atomically(
             self.directory / "debug_refusals.csv", _csv_text(self.refusal_rows, ["reason"])
         )
 
@@ -128,7 +120,9 @@ class JsonLinesSink(_Buffered):
 
     def close(self) -> None:
         assert self.directory is not None
-        _atomic_write(self.directory / "debug.jsonl", "".join(line + "\n" for line in self.lines))
+        replace_atomically(
+            self.directory / "debug.jsonl", "".join(line + "\n" for line in self.lines)
+        )
 
 
 class NullSink:

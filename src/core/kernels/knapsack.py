@@ -43,6 +43,8 @@ from typing import Literal
 
 import numpy as np
 
+from ..units import MiB
+
 __all__ = [
     "DEFAULT_BUCKET_BYTES",
     "DefaultKnapsackSolver",
@@ -60,7 +62,7 @@ __all__ = [
     "suffix_times",
 ]
 
-DEFAULT_BUCKET_BYTES = 2**20
+DEFAULT_BUCKET_BYTES = MiB
 Engine = Literal["auto", "python", "numba"]
 _MAX_OPTIONS = 255  # picks are stored as uint8
 _MAX_BUCKETS = 2**27  # a DP table this long is a bucket far too fine for the budget
@@ -82,8 +84,6 @@ class LayerOption:
     """Bytes kept once, whatever the in-flight count."""
     excess: tuple[tuple[int, int], ...] = ()
     """``(in_flight k, bytes)``: corrections where the linear form over-charges."""
-    offload_bytes: int = 0
-    """Activation offload bytes per micro-batch (informational here)."""
 
     def memory(self, in_flight: int) -> int:
         """Bytes kept with ``in_flight`` micro-batches: ``k·per_mb + once − excess(k)``."""
