@@ -77,6 +77,17 @@ def layer_key(layout: Layout) -> tuple:
     )
 
 
+def placement_key(layout: Layout) -> tuple:
+    """What the placement of layers on stages depends on (``PricingContext.placement``)."""
+    return (
+        layout.pp,
+        layout.vpp,
+        layout.schedule,
+        layout.num_microbatches,
+        layout.layers_per_stage,
+    )
+
+
 class _NoCache(dict):
     """A cache that forgets: every lookup misses, so everything is recomputed."""
 
@@ -261,14 +272,7 @@ class PricingContext:
         return int(gib * GiB)
 
     def placement(self, layout: Layout) -> tuple[StagePlacement, ...]:
-        key = (
-            "placement",
-            layout.pp,
-            layout.vpp,
-            layout.schedule,
-            layout.num_microbatches,
-            layout.layers_per_stage,
-        )
+        key = ("placement", *placement_key(layout))
         found = self.cache.get(key)
         if found is None:
             found = self.cache[key] = place_layers(self.model, layout)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .context import PricingContext, StagePlacement, layer_key
+from .context import PricingContext, StagePlacement, layer_key, placement_key
 from .kernels.knapsack import LayerGroup, StageChoice
 from .layout import Layout
 from .memory import stage_memory
@@ -18,6 +18,9 @@ from .recompute import kind_front, kind_options, option_name, parse_option
 
 Assignment = tuple[tuple[int, int, int, Recompute], ...]
 """Per stage: (kind index, in-flight, layer count, recompute) groups."""
+
+_UNSOLVED = object()
+"""Marks a stage knapsack not yet in the cache (None is a cached "nothing fits")."""
 
 
 @dataclass(slots=True)
@@ -78,7 +81,10 @@ class Pricer:
         return stages, tuple(self.memory.stage_static_bytes(self.ctx, layout, s) for s in stages)
 
     def _static_totals(self, layout: Layout, stages: tuple[StagePlacement, ...]) -> list[int]:
-        """Per stage, the total of its static parts (stages with one role share it)."""
+        """Per stage, the total of its static parts (stages with one role share it).
+
+        Memoised per layout too (on the shard degrees and the placement), because the
+        search asks twice per candidate — the memory check, then the bound."""
         shard = (
             layout.tp,
             layout.cp,
@@ -92,6 +98,10 @@ class Pricer:
             layout.recompute != "none",
         )
         cache = self.ctx.cache
+        layout_key = ("static_totals", shard, *placement_key(layout))
+        out = cache.get(layout_key)
+        if out is not None:
+            return out
         out = []
         for stage in stages:
             key = ("static_total", stage.role, shard)
@@ -101,6 +111,7 @@ class Pricer:
                     self.memory.stage_static_bytes(self.ctx, layout, stage).values()
                 )
             out.append(total)
+        cache[layout_key] = out
         return out
 
     def _kind_bytes(self, layout: Layout, recompute: Recompute) -> list[int]:
@@ -162,14 +173,28 @@ class Pricer:
     def auto_assignment(
         self, layout: Layout, static_totals: list[int]
     ) -> tuple[Assignment, ...] | None:
-        """Per stage, the exact knapsack within what the static memory leaves."""
+        """Per stage, the exact knapsack within what the static memory leaves.
+
+        Memoised on its true key (spec/search.md): the layer degrees (which fix every
+        front), the stage's (kind, layers, in-flight) groups, and the budget. Layouts that
+        differ only in what moves the budget by nothing — the schedule of a one-stage
+        pipeline, the ZeRO stage or DP degree where they leave the static bytes equal,
+        the candidate re-priced for the final plans — share one solve."""
         out = []
+        cache = self.ctx.cache
         for stage, static in zip(self.ctx.placement(layout), static_totals, strict=True):
             budget = self.ctx.budget_bytes - static
-            choice = self.solver.choose(self.stage_groups(layout, stage), budget)
-            if choice is None:
+            key = ("stage_choice", *layer_key(layout), stage.groups, budget)
+            assignment = cache.get(key, _UNSOLVED)
+            if assignment is _UNSOLVED:
+                choice = self.solver.choose(self.stage_groups(layout, stage), budget)
+                assignment = None
+                if choice is not None:
+                    assignment = self.choice_to_assignment(layout, stage, choice)
+                cache[key] = assignment
+            if assignment is None:
                 return None
-            out.append(self.choice_to_assignment(layout, stage, choice))
+            out.append(assignment)
         return tuple(out)
 
     # ------------------------------------------------------------------ pricing
@@ -192,8 +217,10 @@ class Pricer:
             activations = tuple(self.activation_bytes(layout, a) for a in assignment)
         totals = [st + a for st, a in zip(static_totals, activations, strict=True)]
         peak_stage = max(range(len(totals)), key=lambda i: (totals[i], -i))
+        shared = self._stage_seconds_key(layout)
         seconds = tuple(
-            self._stage_seconds(layout, s, a) for s, a in zip(stages, assignment, strict=True)
+            self._stage_seconds(layout, s, a, shared)
+            for s, a in zip(stages, assignment, strict=True)
         )
         time = self.cost.step(ctx, layout, stages, seconds) if with_time else None
         return PricedLayout(
@@ -215,15 +242,12 @@ class Pricer:
         one role share one assignment (and one cached seconds entry)."""
         return tuple((kind, 0, count, recompute) for kind, count in stage.composition)
 
-    def _stage_seconds(
-        self, layout: Layout, stage: StagePlacement, assignment: Assignment
-    ) -> dict[str, float]:
-        """Per micro-batch seconds of one stage, memoised on what they depend on: the
-        stage's layers and role, the degrees that shard a layer, and the assignment."""
-        key = (
-            "stage_s",
-            stage.role[:4],
-            assignment,
+    @staticmethod
+    def _stage_seconds_key(layout: Layout) -> tuple:
+        """What a stage's seconds depend on besides its role and assignment: the degrees
+        that shard a layer, the pipeline shape, and the data-parallel group where it
+        carries per-micro-batch traffic (one tuple per layout, shared by its stages)."""
+        return (
             *layer_key(layout),
             layout.pp > 1,
             layout.vpp,
@@ -233,6 +257,13 @@ class Pricer:
             # on the data-parallel group and the micro-batch count too.
             (layout.dp, layout.pp, layout.num_microbatches) if layout.zero >= 3 else None,
         )
+
+    def _stage_seconds(
+        self, layout: Layout, stage: StagePlacement, assignment: Assignment, shared: tuple
+    ) -> dict[str, float]:
+        """Per micro-batch seconds of one stage, memoised on what they depend on: the
+        stage's layers and role, the assignment, and ``shared`` (``_stage_seconds_key``)."""
+        key = ("stage_s", stage.role[:4], assignment, shared)
         cache = self.ctx.cache
         found = cache.get(key)
         if found is None:

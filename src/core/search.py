@@ -428,9 +428,14 @@ class SearchPricing:
     def quick_bound(self, c: Candidate) -> float:
         """A cheap lower bound on the step time: every decoder layer at its fastest option,
         stages perfectly balanced, no embedding, head, data-parallel or optimizer time.
-        1F1B/GPipe: ``W·(1 + (m − 1)/pp)``; interleaved and DualPipeV: ``m·W/pp``, where W
-        is one micro-batch through all layers."""
-        tp, pp, cp, _dp, ep, etp, _vpp, mbs, m, _zero, sp, _offload, _rec, sched, _split = c
+        With W one micro-batch through all layers: 1F1B/GPipe ``W·(1 + (m − 1)/pp)``;
+        interleaved ``(m − 1/vpp)·W/pp + W/vpp``; DualPipeV ``m·W/pp``.
+
+        Interleaved: the pipeline is ``m·t_max + (S − t_max)/vpp`` with S the stages'
+        sum; it grows with t_max (m ≥ 1 ≥ 1/vpp) and with S, and ``S ≥ W``,
+        ``t_max ≥ S/pp``. Leaving out the drain term (``m·W/pp``) made the bound so loose
+        that most screened layouts were interleaved ones that could never rank."""
+        tp, pp, cp, _dp, ep, etp, vpp, mbs, m, _zero, sp, _offload, _rec, sched, _split = c
         key = ("quick", tp, cp, sp and tp > 1, ep, etp, mbs, sched == 3)
         ctx = self.pricer.ctx
         w = ctx.cache.get(key)
@@ -444,6 +449,8 @@ class SearchPricing:
         overhead = self.pricer.ctx.calibration.step_overhead_s
         if sched in (0, 2):  # 1f1b, gpipe
             return w * (1 + (m - 1) / pp) + overhead
+        if sched == 1:  # interleaved
+            return (m - 1 / vpp) * w / pp + w / vpp + overhead
         return m * w / pp + overhead
 
     def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
