@@ -163,8 +163,13 @@ def check_layout(
             raise InvalidInputError(
                 f"layers_per_stage sums to {sum(lay.layers_per_stage)} ≠ layers({num_layers})"
             )
-    elif lay.chunks > num_layers:
-        raise InvalidInputError(f"pp·vpp = {lay.chunks} chunks exceed the {num_layers} layers")
+    elif lay.chunks > num_layers + 2:
+        # Up to two chunks more than layers: the first and the last may hold only the
+        # embedding and the loss (Megatron's account-for-embedding/loss split).
+        raise InvalidInputError(
+            f"pp·vpp = {lay.chunks} chunks exceed the {num_layers} layers plus the embedding "
+            "and the loss; lower pp or vpp"
+        )
     if num_experts is not None:
         if num_experts % lay.ep:
             raise InvalidInputError(

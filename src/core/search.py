@@ -63,7 +63,8 @@ Candidate = tuple[int, int, int, int, int, int, int, int, int, int, int, int, in
 SPLITS = ("even", "embedding+loss as layers")
 """How decoder layers split over chunks: evenly (the remainder to middle chunks), or with the
 embedding and the loss each counted as one layer (Megatron's account-for-embedding/loss:
-the first and last chunks take one layer fewer), which splits 126 layers into 32 chunks."""
+the first and last chunks take one layer fewer), which splits 126 layers into 32 chunks, or
+into 128 with the first and last holding no decoder layer."""
 
 
 def split_counts(num_layers: int, chunks: int, split: int) -> tuple[int, ...] | None:
@@ -333,12 +334,16 @@ def _schedules(
                 yield 1, sched, 0
     if "interleaved" not in offered or (allowed is not None and "interleaved" not in allowed):
         return
-    for vpp in range(2, num_layers // pp + 1):
+    # With the embedding and the loss counted as layers, pp·vpp may reach layers + 2: the
+    # first and last chunks then hold only the embedding and the loss (NVIDIA's GB200
+    # recipe for Llama 3.1 405B runs 126 layers as pp 16 × vpp 8).
+    top = (num_layers + 2) // pp if uneven else num_layers // pp
+    for vpp in range(2, top + 1):
         if not _allowed(space.vpp, vpp):
             continue
         if num_layers % (pp * vpp) == 0:
             split = 0
-        elif uneven and (num_layers + 2) % (pp * vpp) == 0 and (num_layers + 2) // (pp * vpp) >= 2:
+        elif uneven and (num_layers + 2) % (pp * vpp) == 0:
             split = 1
         else:
             continue  # not a refusal: only layer counts that split evenly are offered

@@ -272,9 +272,16 @@ def test_uneven_placement_must_cover_the_layers() -> None:
     check(Layout(**base, layers_per_stage=(15, 17)))
 
 
-def test_more_chunks_than_layers_is_refused() -> None:
+def test_more_chunks_than_layers_plus_embedding_and_loss_is_refused() -> None:
     message = error_of(Layout(pp=8, dp=1, num_microbatches=16), num_layers=4)
-    assert message == "pp·vpp = 8 chunks exceed the 4 layers"
+    assert message == (
+        "pp·vpp = 8 chunks exceed the 4 layers plus the embedding and the loss; lower pp or vpp"
+    )
+    # Two chunks more than layers: the first holds only the embedding, the last only the loss.
+    check(Layout(pp=2, vpp=3, dp=4, num_microbatches=4, schedule="interleaved"), num_layers=4)
+    assert error_of(
+        Layout(pp=2, vpp=4, dp=4, num_microbatches=4, schedule="interleaved"), num_layers=4
+    ).startswith("pp·vpp = 8 chunks exceed")
 
 
 # --------------------------------------------------------------- assumptions

@@ -675,3 +675,21 @@ def test_a_third_party_debug_sink_receives_what_the_builtin_sinks_write(
         elif kind == "time":
             assert parts["step"] == kept[tuple(sorted(c.items()))].step_s
             assert math.isclose(sum(v for k, v in parts.items() if k != "step"), parts["step"])
+
+
+def test_embedding_and_loss_may_take_a_chunk_of_their_own(planner) -> None:
+    """Counting the embedding and the loss as layers, 126 layers run as pp 16 × vpp 8 (the
+    published GB200 Llama 3.1 405B layout): the first chunk holds only the embedding, the
+    last only the loss, every other chunk one decoder layer."""
+    ctx, _ = make_ctx(planner, "llama-3.1-405b", 256, 1536, 8192)
+    space = SearchSpace(tp=(4,), pp=(16,), cp=(1,), mbs=(1,), zero=(1,), schedule=("interleaved",))
+    enum = enumerate_candidates(ctx, space)
+    by_vpp = {dict(zip(FIELDS, c, strict=True))["vpp"]: c for c in enum.candidates}
+    assert 8 in by_vpp and 9 not in by_vpp
+    layout = candidate_layout(by_vpp[8], ctx.model.num_layers)
+    assert layout.layers_per_stage == (0,) + (1,) * 126 + (0,)
+    stages = ctx.placement(layout)
+    assert stages[0].chunks[0].stop == stages[0].chunks[0].start  # embedding only
+    assert stages[0].has_embedding and stages[-1].has_head
+    assert stages[-1].chunks[-1].stop == stages[-1].chunks[-1].start  # loss only
+    assert sum(s.num_layers for s in stages) == 126
