@@ -276,6 +276,14 @@ class RunInterpreter:
         if gbs % (dp * mbs):
             return skip(f"global batch {gbs} is not a multiple of dp({dp})·mbs({mbs})")
         vpp = _int(row.get("vpp", "")) or 1
+        if (
+            pp > 1
+            and row.get("vpp", "") == ""
+            and re.search(r"\bVPP\b[^.;]*not stated", row.get("notes", ""))
+        ):
+            # An empty vpp column means "not interleaved", unless the notes say the source
+            # does not state it (the Megatron-LM README table); record that it was assumed.
+            assumed.append("vpp=1")
         ep = _int(row.get("ep", "")) or 1
         etp = _int(row.get("etp", ""))
         policy, fraction = recompute_of(row.get("recompute", ""))
