@@ -37,7 +37,8 @@ from .units import GiB
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
 RECOMPUTES = ("none", "selective", "full", "auto")
 BATCH = 64
-"""Candidates priced per batch between bound checks (fixed: results must not depend on workers)."""
+"""Candidates priced per batch between bound checks (fixed: results must not depend on workers;
+larger without bounding, where the batches cannot change what is priced)."""
 SCREEN_BATCH = 256
 """Candidates whose memory and exact bound are computed per batch (fixed, likewise)."""
 
@@ -601,6 +602,11 @@ def search(
     order = sorted(range(len(candidates)), key=lambda i: (quick[i], tie_key(candidates[i])))
     t_screen = time.perf_counter()
     k = settings.top_k
+    # Without bounding every candidate is screened and priced, so nothing depends on where
+    # batches end: a sixteenth of the candidates per batch spares the executor most waits
+    # for its slowest worker at a batch boundary, and still moves the progress bar.
+    screen_batch = SCREEN_BATCH if settings.bounding else max(SCREEN_BATCH, len(order) // 16)
+    price_batch = BATCH if settings.bounding else max(BATCH, len(order) // 16)
     heap: list[tuple[float, tuple[int, ...], int]] = []
     results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
     kth = math.inf
@@ -616,7 +622,7 @@ def search(
             break
         if next_quick <= next_exact:
             tick = time.perf_counter()
-            batch = order[pos : pos + SCREEN_BATCH]
+            batch = order[pos : pos + screen_batch]
             pos += len(batch)
             screened = run_phase(
                 ctx,
@@ -641,7 +647,7 @@ def search(
                     closest = (s.miss_bytes, s.miss_stage, candidates[i])
             t_memory += time.perf_counter() - tick
             continue
-        batch_entries = [heapq.heappop(heap) for _ in range(min(BATCH, len(heap)))]
+        batch_entries = [heapq.heappop(heap) for _ in range(min(price_batch, len(heap)))]
         items = [candidates[i] for _, _, i in batch_entries]
         priced = run_phase(ctx, executor, task, recipe, "price", items, remote("price"))
         priced_count += len(items)
