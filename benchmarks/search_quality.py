@@ -16,6 +16,7 @@ from ndplan.adapters.measured import RunInterpreter, read_rows
 from ndplan.core.errors import NdplanError
 from ndplan.core.layout import SearchSpace, layout_label
 from ndplan.planner import Planner
+from ndplan.validation import price_case
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "shared" / "measured_runs.csv"
@@ -50,7 +51,7 @@ UNSTATED = {"mbs=1": "mbs", "vpp=1": "vpp"}
 """Assumed defaults that stand for a degree the source does not state."""
 
 
-def evaluate(planner: Planner, case) -> dict:
+def evaluate(planner: Planner, case, calibration) -> dict:
     """The published layout's rank and gap. A degree the source does not state (the
     Megatron-LM README gives neither micro-batch nor VPP) is free: the published layout
     is every layout with the stated degrees, and the best of them counts."""
@@ -71,24 +72,29 @@ def evaluate(planner: Planner, case) -> dict:
         del want[name]
     schedules = ("1f1b", "interleaved")
     out = planner.search(ctx, SearchSpace(recompute=("auto",), schedule=schedules), top_k=TOP)
-    best = out.ranking[0]
-    rank = gap = None
-    for i, (cand, priced) in enumerate(out.ranking, start=1):
+    plans = out.result.plans
+    best = plans[0]
+    rank = own = None
+    for i, (cand, _priced) in enumerate(out.ranking, start=1):
         if all(cand[k] == v for k, v in want.items()):
-            rank, gap = i, priced.step_s / best[1].step_s - 1
+            rank = i
+            own = plans[i - 1] if i <= len(plans) else None
             break
-    if rank is None:  # beyond the ranked top K: the best published-compatible layout's gap
+    if own is None:  # beyond the plans kept: the best published-compatible layout
         space = SearchSpace(
             recompute=("auto",),
             schedule=schedules,
             **{k: (v,) for k, v in want.items()},
         )
         try:
-            own = planner.search(ctx, space, top_k=1).ranking[0][1]
-            gap = own.step_s / best[1].step_s - 1
+            own = planner.search(ctx, space, top_k=1).result.plans[0]
         except NdplanError:  # nothing compatible fits
-            gap = None
-    b = best[0]
+            own = None
+    gap = own.time.step_s / best.time.step_s - 1 if own is not None else None
+    try:  # how well ndplan prices the published layout as it was run
+        error = price_case(planner, case, calibration).error
+    except NdplanError:
+        error = None
     return {
         "row": case.row_id,
         "source": case.source,
@@ -99,10 +105,27 @@ def evaluate(planner: Planner, case) -> dict:
         "seq": case.job.seq_length,
         "precision": case.job.precision,
         "published": published_label(lay, free),
-        "best": layout_label(b),
+        "best": layout_label(best.layout.model_dump()),
         "rank": rank,
         "gap": gap,
+        "error": error,
+        "where": where_the_gap_is(own, best) if own is not None and gap and gap > 0 else "",
     }
+
+
+def where_the_gap_is(own, best) -> str:
+    """The step-time part that differs most between the published layout and the best
+    (compute = forward + backward + recompute)."""
+
+    def parts(plan) -> dict[str, float]:
+        p = dict(plan.time.parts)
+        p["compute"] = p.pop("forward") + p.pop("backward") + p.pop("recompute")
+        return p
+
+    mine, theirs = parts(own), parts(best)
+    name = max(mine, key=lambda k: (abs(mine[k] - theirs[k]), k))
+    delta = mine[name] - theirs[name]
+    return f"{name} {delta:+.2f} s"
 
 
 def published_label(lay, free: set[str]) -> str:
@@ -117,8 +140,9 @@ def published_label(lay, free: set[str]) -> str:
 
 def main() -> list[dict]:
     planner = Planner()
+    calibration = planner.calibration(None)
     start = time.perf_counter()
-    results = [evaluate(planner, c) for c in cases(planner)]
+    results = [evaluate(planner, c, calibration) for c in cases(planner)]
     top10 = sum(1 for r in results if r["rank"] is not None and r["rank"] <= 10)
     close = sum(1 for r in results if r["gap"] is not None and r["gap"] <= 0.10)
     both = sum(1 for r in results if r["rank"] is not None and r["rank"] <= 10 and r["gap"] <= 0.10)
@@ -141,23 +165,29 @@ def markdown(results: list[dict]) -> str:
         "",
         "For each published dense production layout (one per model, hardware, device count, batch, sequence and "
         "precision), ndplan searched every layout for the same inputs (recompute chosen per layer) and ranked them. "
-        f"*rank* is the published layout's place (— when beyond the top {TOP}); *gap* its predicted step time over "
+        f"*rank* is the published layout's place (— when the search never priced it: it stops once its top "
+        f"{TOP} are settled); *gap* its predicted step time over "
         "the predicted best (— when ndplan predicts it does not fit). A degree the source does not state (shown "
         "as ?, e.g. the Megatron-LM README's micro-batch and VPP) is left free: the best layout with the stated "
-        "degrees counts.",
+        "degrees counts. *error* is how ndplan prices the published layout as it was run (predicted / measured "
+        "step time − 1, as in accuracy.md); *where* is the step-time part that differs most between the "
+        "published layout and ndplan's best (compute = forward + backward + recompute).",
         "",
         f"Of {len(results)} published layouts: {top10} rank in the top 10, {close} are predicted within 10% of the "
         f"best, {both} both.",
         "",
-        "| row | source | model | hardware | N | gbs | seq | prec | published | rank | gap | ndplan's best |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | source | model | hardware | N | gbs | seq | prec | published | rank | gap | error | where | "
+        "ndplan's best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rank = str(r["rank"]) if r["rank"] is not None else "—"
         gap = f"{100 * r['gap']:+.1f}%" if r["gap"] is not None else "—"
+        error = f"{100 * r['error']:+.1f}%" if r["error"] is not None else "—"
         lines.append(
             f"| {r['row']} | {r['source']} | {r['model']} | {r['hardware']} | {r['devices']} | {r['gbs']} | "
-            f"{r['seq']} | {r['precision']} | {r['published']} | {rank} | {gap} | {r['best']} |"
+            f"{r['seq']} | {r['precision']} | {r['published']} | {rank} | {gap} | {error} | {r['where']} | "
+            f"{r['best']} |"
         )
     return "\n".join(lines) + "\n"
 
