@@ -144,6 +144,13 @@ def check_layout(
             f"{lay.dp * lay.mbs * lay.num_microbatches} ≠ global batch({global_batch}); "
             "change --mbs or --gbs"
         )
+    if lay.schedule == "dualpipev" and lay.num_microbatches < 2 * lay.pp:
+        # DualPipeV's step asserts num_chunks >= 2·num_ranks: the V needs every stage's
+        # two chunks busy before the first backward.
+        raise InvalidInputError(
+            f"schedule 'dualpipev' needs at least 2·pp = {2 * lay.pp} micro-batches, not "
+            f"{lay.num_microbatches}; raise --gbs, or lower --mbs or --pp"
+        )
     if heads % lay.tp:
         raise InvalidInputError(
             f"tp({lay.tp}) does not divide the attention heads({heads}); choose a divisor"

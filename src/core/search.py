@@ -331,6 +331,10 @@ def _schedules(
         ):
             if sched == "dualpipev" and num_layers < 2 * pp:
                 continue
+            if sched == "dualpipev" and m < 2 * pp:
+                # DualPipeV's step asserts num_chunks >= 2·num_ranks.
+                refuse("dualpipev_needs_microbatches_at_least_2pp", pp=pp, num_microbatches=m)
+                continue
             if _allowed(space.vpp, 1):
                 yield 1, sched, 0
     if "interleaved" not in offered or (allowed is not None and "interleaved" not in allowed):

@@ -693,3 +693,19 @@ def test_embedding_and_loss_may_take_a_chunk_of_their_own(planner) -> None:
     assert stages[0].has_embedding and stages[-1].has_head
     assert stages[-1].chunks[-1].stop == stages[-1].chunks[-1].start  # loss only
     assert sum(s.num_layers for s in stages) == 126
+
+
+def test_dualpipev_needs_twice_pp_micro_batches(planner) -> None:
+    """DualPipeV's step asserts num_chunks >= 2·num_ranks: fewer micro-batches are
+    refused under their own name, and estimate refuses such a layout."""
+    ctx, _ = make_ctx(planner, "llama-3-8b", 16, 32, 4096)
+    space = SearchSpace(schedule=("dualpipev",), recompute=("full",))
+    enum = enumerate_candidates(ctx, space, record=True)
+    refused = [d for d, r in enum.refusals if r == "dualpipev_needs_microbatches_at_least_2pp"]
+    assert refused and all(d["num_microbatches"] < 2 * d["pp"] for d in refused)
+    dual = [dict(zip(FIELDS, c, strict=True)) for c in enum.candidates]
+    dual = [d for d in dual if SCHEDULES[d["schedule"]] == "dualpipev"]
+    assert dual and all(d["num_microbatches"] >= 2 * d["pp"] for d in dual)
+    layout = Layout(dp=4, pp=4, mbs=2, num_microbatches=4, schedule="dualpipev", recompute="full")
+    with pytest.raises(InvalidInputError, match=r"needs at least 2·pp = 8 micro-batches"):
+        planner.estimate(ctx, layout)
