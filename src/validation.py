@@ -179,21 +179,44 @@ SHARED_FIELDS = (
 OVERLAP_FIELDS = {"megatron": ("tp", "ep", "dp", "cp", "fsdp"), "torchtitan": ("fsdp", "tp", "cp")}
 ATTENTION_SCALED = ("megatron",)
 """Frameworks whose attention kernel gets its own factor (the others keep the device's fit)."""
-BOUNDS = {"gemm": (0.3, 0.95), "gemm_low_precision": (0.2, 0.95), "attention": (0.15, 0.95)}
+BOUNDS = {
+    "gemm": (0.3, 0.95),
+    "gemm_low_precision": (0.2, 0.95),
+    "attention": (0.15, 0.95),
+    "gemm_fp4": (0.15, 0.95),
+}
+FP4_FIELD = "gemm_fp4"
+"""Fitted only for the generations that have fp4 rows (elsewhere nothing constrains it)."""
 
 
 class CalibrationSpace:
     """The fitted parameters as a vector, and back: per device generation the GEMM and
-    attention efficiencies; shared HBM and link efficiencies, the small-GEMM knee and
-    the per-kernel gap; per framework the overlap fractions; the per-step overhead."""
+    attention efficiencies (and the fp4 GEMM efficiency where fp4 rows exist); shared
+    HBM and link efficiencies, the small-GEMM knee and the per-kernel gap; per framework
+    the overlap fractions; the per-step overhead.
 
-    def __init__(self, base: Calibration, families: Iterable[str]) -> None:
+    ``fp4_families``: the generations whose fp4 efficiency is fitted; by default those
+    the base calibration already gives one."""
+
+    def __init__(
+        self,
+        base: Calibration,
+        families: Iterable[str],
+        fp4_families: Iterable[str] | None = None,
+    ) -> None:
         self.base = base
         self.families = sorted(set(families))
+        if fp4_families is None:
+            fp4_families = [
+                f for f, eff in base.devices.items() if getattr(eff, FP4_FIELD) is not None
+            ]
+        self.fp4_families = sorted(set(fp4_families) & set(self.families))
         params: list[Parameter] = []
         for fam in self.families:
             for f in DEVICE_FIELDS:
                 params.append(Parameter(f"{fam}.{f}", *BOUNDS[f]))
+            if fam in self.fp4_families:
+                params.append(Parameter(f"{fam}.{FP4_FIELD}", *BOUNDS[FP4_FIELD]))
         for f, lo, hi in SHARED_FIELDS:
             params.append(Parameter(f"shared.{f}", lo, hi))
         for fw, fields in OVERLAP_FIELDS.items():
@@ -222,7 +245,10 @@ class CalibrationSpace:
                 values.append(self.base.attention_scale.get(tail, 1.0))
             else:
                 eff = self.base.devices.get(head, self.base.default)
-                values.append(getattr(eff, tail))
+                value = getattr(eff, tail)
+                if tail == FP4_FIELD and value is None:
+                    value = eff.gemm_low_precision  # not fitted yet: start where fp8 is
+                values.append(value)
         return np.asarray(values, dtype=float)
 
     def calibration(self, x: np.ndarray, **fit: float) -> Calibration:
@@ -234,10 +260,17 @@ class CalibrationSpace:
             f: sum(values[f"{fam}.{f}"] for fam in self.families) / len(self.families)
             for f in DEVICE_FIELDS
         }
+        if self.fp4_families:
+            mean[FP4_FIELD] = sum(values[f"{fam}.{FP4_FIELD}"] for fam in self.fp4_families) / len(
+                self.fp4_families
+            )
         default = self.base.default.model_copy(update={**shared, **mean})
         devices = dict(self.base.devices)
         for fam in self.families:
             update = {**shared, **{f: values[f"{fam}.{f}"] for f in DEVICE_FIELDS}}
+            # A generation without fp4 rows keeps none (it falls back to its fp8 figure).
+            fitted = fam in self.fp4_families
+            update[FP4_FIELD] = values[f"{fam}.{FP4_FIELD}"] if fitted else None
             devices[fam] = devices.get(fam, default).model_copy(update=update)
         overlap = dict(self.base.overlap)
         for fw, fields in OVERLAP_FIELDS.items():
@@ -280,7 +313,8 @@ def fit_calibration(
     base = base or Calibration()
     usable = [c for c in cases if not c.check]
     families = {FAMILIES.get(c.device.id, c.device.id) for c in usable}
-    space = CalibrationSpace(base, families)
+    fp4 = {FAMILIES.get(c.device.id, c.device.id) for c in usable if c.job.precision == "fp4"}
+    space = CalibrationSpace(base, families, fp4)
     per_source: dict[str, int] = defaultdict(int)
     for c in usable:
         per_source[c.source] += 1

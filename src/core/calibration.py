@@ -22,6 +22,11 @@ class DeviceEfficiency(Frozen):
     """Fraction of the dense bf16 peak that large GEMMs reach."""
     gemm_low_precision: float = Field(default=0.55, gt=0, le=1)
     """Fraction of the fp8/fp4 peak that large low-precision GEMMs reach (scaling and casts)."""
+    gemm_fp4: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the fp4 peak that large fp4 GEMMs reach; ``gemm_low_precision`` when
+    None. FP4 carries more around its GEMMs than FP8 — per-16-element block scales and
+    the recipe's Hadamard transforms and stochastic rounding — so it reaches less of a
+    peak that is two to three times FP8's."""
     gemm_half_gflop: float = Field(default=1.0, ge=0)
     """GEMM size (GFLOP per call) at which efficiency falls to half: small GEMMs (big TP,
     thin experts, small micro-batches) cannot fill the device."""

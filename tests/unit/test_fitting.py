@@ -182,6 +182,23 @@ def test_calibration_space_round_trips_a_vector(families: list[str], seed: int) 
             assert again.devices[fam].gemm == pytest.approx(x[names.index(f"{fam}.gemm")])
 
 
+def test_fp4_efficiency_is_fitted_only_where_fp4_rows_are() -> None:
+    space = CalibrationSpace(Calibration(), ["hopper", "blackwell"], fp4_families=["blackwell"])
+    names = [p.name for p in space.params]
+    assert "blackwell.gemm_fp4" in names and "hopper.gemm_fp4" not in names
+    start = dict(zip(names, space.start(), strict=True))
+    # Not fitted yet: the fp4 efficiency starts where the fp8 one is.
+    assert start["blackwell.gemm_fp4"] == Calibration().default.gemm_low_precision
+    x = space.start()
+    x[names.index("blackwell.gemm_fp4")] = 0.3
+    cal = space.calibration(x)
+    assert cal.devices["blackwell"].gemm_fp4 == 0.3
+    assert cal.devices["hopper"].gemm_fp4 is None
+    assert cal.default.gemm_fp4 == 0.3  # the mean of the fitted generations
+    # A calibration that has it is refitted with it.
+    assert "blackwell.gemm_fp4" in [p.name for p in CalibrationSpace(cal, ["blackwell"]).params]
+
+
 def test_calibration_space_start_reads_the_base() -> None:
     base = Calibration()
     space = CalibrationSpace(base, ["hopper"])

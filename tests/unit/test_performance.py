@@ -921,6 +921,20 @@ def test_low_precision_gemm_uses_the_fp8_peak() -> None:
     assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (9000e12 * 0.5), rel=1e-12)
 
 
+def test_fp4_gemms_have_their_own_efficiency() -> None:
+    """fp4 GEMMs run at ``gemm_fp4`` of the fp4 peak when it is set; fp8 recipes keep
+    ``gemm_low_precision`` either way."""
+    m = k = n = 8192
+    flops = 2.0 * m * k * n
+    b200 = DEVICES["b200"]
+    fit = {"gemm_low_precision": 0.5, "gemm_fp4": 0.3, "gemm_half_gflop": 0.0}
+    ctx, cm = gemm_ctx("fp4", device=b200, **fit)
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (9000e12 * 0.3), rel=1e-12)
+    for recipe in ("fp8", "mxfp8"):
+        ctx, cm = gemm_ctx(recipe, device=b200, **fit)
+        assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (4500e12 * 0.5), rel=1e-12)
+
+
 def test_low_precision_halves_the_memory_roofline_operands() -> None:
     m, k, n = 1, 8192, 8192
     ctx, cm = gemm_ctx("fp8", hbm=1.0)
