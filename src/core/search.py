@@ -186,6 +186,8 @@ def enumerate_candidates(
             out.refusals.append((degrees, reason))
 
     zeros = [z for z in fw.zero_stages if _allowed(space.zero, z)]
+    # The stage that stands for all of them where there is one replica to shard over.
+    single_zero = fw.default_zero if fw.default_zero in zeros else (zeros[0] if zeros else 0)
     if not zeros:
         # Fix: a ZeRO stage the framework lacks refused nothing by name and ended in
         # "no layout survived the refusal rules" (exit 1); it is invalid input, as in estimate.
@@ -259,9 +261,14 @@ def enumerate_candidates(
                                 refuse,
                                 fw.uneven_pipeline,
                             ):
+                                one_replica = dp * cp == 1 and (
+                                    experts is None or dp * cp * tp == ep * etp
+                                )
                                 for zero in zeros:
-                                    if zero == 0 and dp * cp == 1 and len(zeros) > 1:
-                                        continue  # sharding over one replica is no sharding
+                                    if one_replica and zero != single_zero:
+                                        # Sharding over one replica is no sharding: every
+                                        # ZeRO stage is the same layout, so rank it once.
+                                        continue
                                     sps = [False, True] if tp > 1 else [False]
                                     for sp in sps:
                                         if tp > 1 and not _allowed(space.sp, sp):

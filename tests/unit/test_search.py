@@ -709,3 +709,24 @@ def test_dualpipev_needs_twice_pp_micro_batches(planner) -> None:
     layout = Layout(dp=4, pp=4, mbs=2, num_microbatches=4, schedule="dualpipev", recompute="full")
     with pytest.raises(InvalidInputError, match=r"needs at least 2·pp = 8 micro-batches"):
         planner.estimate(ctx, layout)
+
+
+def test_one_replica_is_ranked_under_one_zero_stage(planner, tiny) -> None:
+    """With a single data-parallel replica every ZeRO stage shards over one rank, so the
+    layout is generated once (the framework's default stage) — unless the user fixes the
+    stage, or experts still have a data-parallel group to shard over."""
+    ctx, _ = make_ctx(planner, "llama-3-8b", 8, 8, 4096)
+    enum = enumerate_candidates(ctx, SearchSpace(tp=(8,), pp=(1,), recompute=("full",)))
+    assert {c[9] for c in enum.candidates} == {1}
+    enum = enumerate_candidates(ctx, SearchSpace(tp=(8,), pp=(1,), zero=(3,), recompute=("full",)))
+    assert {c[9] for c in enum.candidates} == {3}
+    enum = enumerate_candidates(ctx, SearchSpace(tp=(4,), pp=(1,), recompute=("full",)))
+    assert {c[9] for c in enum.candidates} == {0, 1, 3}  # dp 2: the stages differ
+    moe, _ = make_ctx(planner, tiny["moe"], 2, 8, 2048)
+    space = SearchSpace(tp=(2,), pp=(1,), ep=(1,), recompute=("full",))
+    # tp 2, ep 1, etp 2: the experts have no replica either ...
+    enum = enumerate_candidates(moe, space.model_copy(update={"etp": (2,)}))
+    assert {c[9] for c in enum.candidates} == {1}
+    # ... but with etp 1 each expert is replicated over the two TP ranks.
+    enum = enumerate_candidates(moe, space.model_copy(update={"etp": (1,)}))
+    assert {c[9] for c in enum.candidates} == {0, 1, 3}
