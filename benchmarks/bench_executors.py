@@ -5,8 +5,8 @@ wall time of a fresh ``ndplan`` command (imports, worker start-up, input parsing
 and shutdown included), measured in the same run:
 
 - the pool's speed-up over serial on a search that takes tens of seconds serially
-  (``--exhaustive`` on the demo problem: every candidate priced), with the outputs
-  checked identical;
+  (``--exhaustive`` on the demo problem: every candidate priced; medians of three
+  alternating runs), with the outputs checked identical;
 - the pool's start-up overhead on a tiny search (pool minus serial, medians);
 - sweep throughput (scenarios per second) of a 20-scenario ``ndplan sweep`` in one
   process, on the pool and on a local Ray instance (whose start-up is included).
@@ -80,14 +80,26 @@ def _ray_available() -> bool:
 
 def main(repeats: int = 3) -> dict[str, float]:
     """Measure and print; return the figures (seconds unless named otherwise)."""
-    figures: dict[str, float] = {"cpus": float(os.cpu_count() or 1), "workers": float(JOBS)}
+    figures: dict[str, float] = {
+        "cpus": float(os.cpu_count() or 1),
+        "workers": float(JOBS),
+        "repeats": float(repeats),
+    }
 
-    # 1. Speed-up on a long search (one run each: tens of seconds).
-    serial_s, serial = _search(LONG, "-j", "1")
-    serial_cpu = CPU["s"]
-    pool_s, pool = _search(LONG, "-j", JOBS)
-    pool_cpu = CPU["s"]
-    assert pool == serial, "the pool changed the search's result"
+    # 1. Speed-up on a long search: medians of `repeats` alternating runs (tens of
+    # seconds each; one run apiece swung the ratio by ±0.07 on this machine).
+    walls: dict[str, list[float]] = {"serial": [], "pool": []}
+    cpus: dict[str, list[float]] = {"serial": [], "pool": []}
+    for _ in range(repeats):
+        wall, serial = _search(LONG, "-j", "1")
+        walls["serial"].append(wall)
+        cpus["serial"].append(CPU["s"])
+        wall, pool = _search(LONG, "-j", JOBS)
+        walls["pool"].append(wall)
+        cpus["pool"].append(CPU["s"])
+        assert pool == serial, "the pool changed the search's result"
+    serial_s, pool_s = (statistics.median(walls[k]) for k in ("serial", "pool"))
+    serial_cpu, pool_cpu = (statistics.median(cpus[k]) for k in ("serial", "pool"))
     figures.update(
         long_serial_s=serial_s,
         long_pool_s=pool_s,
@@ -157,7 +169,8 @@ def markdown(f: dict[str, float]) -> str:
             "",
             f"| measurement | serial | pool `-j {JOBS}` | {ray} |",
             "|---|---|---|---|",
-            f"| `search --exhaustive`, demo problem ({int(f['long_priced']):,} priced) | "
+            f"| `search --exhaustive`, demo problem ({int(f['long_priced']):,} priced; medians of "
+            f"{int(f['repeats'])} runs) | "
             f"{f['long_serial_s']:.2f} s | {f['long_pool_s']:.2f} s (×{f['long_speedup']:.2f}; "
             "target ≥ 1.5×) | |",
             f"| the same, CPU seconds of all processes | {f['long_serial_cpu_s']:.2f} s | "
