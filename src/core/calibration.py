@@ -49,6 +49,14 @@ class DeviceEfficiency(Frozen):
     reserve_gib: float | None = Field(default=None, ge=0)
     """Fixed memory reserve; the device data's when None."""
 
+    def gemm_fraction(self, gemm_precision: str) -> float:
+        """The fraction of the ``gemm_precision`` peak large GEMMs reach."""
+        if gemm_precision in ("bf16", "fp16"):
+            return self.gemm
+        if gemm_precision == "fp4" and self.gemm_fp4 is not None:
+            return self.gemm_fp4
+        return self.gemm_low_precision
+
 
 class Overlap(Frozen):
     """Share of each communication a framework hides under compute (0 = none, 1 = all)."""

@@ -185,11 +185,9 @@ class NdplanCostModel:
         job = ctx.settings
         lp = job.is_low_precision if low_precision is None else low_precision
         flops = 2.0 * m * k * n
-        peak = ctx.device.peak_flops(job.gemm_precision if lp else "bf16")
-        top = eff.gemm
-        if lp:
-            fp4 = job.gemm_precision == "fp4" and eff.gemm_fp4 is not None
-            top = eff.gemm_fp4 if fp4 else eff.gemm_low_precision
+        precision = job.gemm_precision if lp else "bf16"
+        peak = ctx.device.peak_flops(precision)
+        top = eff.gemm_fraction(precision)
         half = (eff.grouped_gemm_half_gflop if grouped else eff.gemm_half_gflop) * 1e9
         efficiency = top * flops / (flops + half) if half > 0 else top
         compute = flops / (peak * efficiency)

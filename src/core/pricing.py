@@ -182,9 +182,10 @@ class Pricer:
         the candidate re-priced for the final plans — share one solve."""
         out = []
         cache = self.ctx.cache
+        degrees = layer_key(layout)
         for stage, static in zip(self.ctx.placement(layout), static_totals, strict=True):
             budget = self.ctx.budget_bytes - static
-            key = ("stage_choice", *layer_key(layout), stage.groups, budget)
+            key = ("stage_choice", degrees, stage.groups, budget)
             assignment = cache.get(key, _UNSOLVED)
             if assignment is _UNSOLVED:
                 choice = self.solver.choose(self.stage_groups(layout, stage), budget)

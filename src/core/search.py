@@ -251,6 +251,9 @@ def enumerate_candidates(
                             if expert_width is not None and expert_width % etp:
                                 refuse("etp_not_dividing_expert_ffn", etp=etp)
                                 continue
+                            one_replica = dp * cp == 1 and (
+                                experts is None or dp * cp * tp == ep * etp
+                            )
                             for vpp, sched, split in _schedules(
                                 pp,
                                 m,
@@ -261,9 +264,6 @@ def enumerate_candidates(
                                 refuse,
                                 fw.uneven_pipeline,
                             ):
-                                one_replica = dp * cp == 1 and (
-                                    experts is None or dp * cp * tp == ep * etp
-                                )
                                 for zero in zeros:
                                     if one_replica and zero != single_zero:
                                         # Sharding over one replica is no sharding: every

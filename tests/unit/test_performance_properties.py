@@ -441,13 +441,10 @@ def test_higher_peak_never_slower(case: Case, factor: float) -> None:
     assert_not_slower(fast, price(case))
 
 
-def head_stage_case(schedule: str, heads: int = 8, cp: int = 1) -> Case:
-    """H100, dense 4 × 256 (``heads`` × 128, 8 KV heads, FFN 1024), vocabulary 60000,
-    seq 1024, pp 2, dp 16, ZeRO-1, m 1, DP overlap 1 (and CP overlap 1): one stage holds
-    the head (DualPipeV: and the embedding) without layers, the other all four layers.
-    With 8 heads the head stage is the critical one, memory-bound (its logits GEMM
-    included), and the layer stage has the DP windows; with 32 heads the other way round."""
-    model = ModelSpec(
+def head_stage_model(heads: int = 8) -> ModelSpec:
+    """Dense 4 × 256 (``heads`` × 128, 8 KV heads, FFN 1024), vocabulary 60000: a head
+    heavy enough to make a layer-less stage critical."""
+    return ModelSpec(
         name="dense",
         hidden_size=256,
         vocab_size=60000,
@@ -460,6 +457,15 @@ def head_stage_case(schedule: str, heads: int = 8, cp: int = 1) -> Case:
         ),
         layers=(0,) * 4,
     )
+
+
+def head_stage_case(schedule: str, heads: int = 8, cp: int = 1) -> Case:
+    """H100, ``head_stage_model(heads)``, seq 1024, pp 2, dp 16, ZeRO-1, m 1, DP overlap 1
+    (and CP overlap 1): one stage holds the head (DualPipeV: and the embedding) without
+    layers, the other all four layers. With 8 heads the head stage is the critical one,
+    memory-bound (its logits GEMM included), and the layer stage has the DP windows; with
+    32 heads the other way round."""
+    model = head_stage_model(heads)
     split = {"dualpipev": (0, 2, 2, 0), "interleaved": (2, 0, 2, 0), "1f1b": (4, 0)}[schedule]
     layout = Layout(
         pp=2, vpp=2 if schedule == "interleaved" else 1, cp=cp, dp=16, zero=1,
@@ -518,19 +524,7 @@ def test_head_stage_case_ties_on_1f1b() -> None:
 # windows at the (pp − 1)/(4·pp) share: peak ×2 made the step 2.1735 → 2.1798 ms. With
 # the whole windows its DP traffic hides entirely (at any peak), and the step gets faster.
 DUALPIPEV_CP_HEAD_STAGE = Case(
-    model=ModelSpec(
-        name="dense",
-        hidden_size=256,
-        vocab_size=60000,
-        kinds=(
-            LayerKind(
-                name="dense",
-                attention=StandardAttention(num_heads=8, num_kv_heads=8, head_dim=128),
-                ffn=DenseFFN(intermediate_size=1024),
-            ),
-        ),
-        layers=(0,) * 4,
-    ),
+    model=head_stage_model(8),
     layout=Layout(
         pp=2, cp=2, dp=2, zero=1, schedule="dualpipev", num_microbatches=1,
         layers_per_stage=(0, 2, 2, 0),
