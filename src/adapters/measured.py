@@ -173,6 +173,36 @@ def zero_of(value: str, framework: str) -> int | None:
     return 3
 
 
+MTP_LOSS_LAYER_SLOTS = 3
+"""Decoder layers the MTP block and the loss displace from the last pipeline chunk in
+Megatron-Bridge's DeepSeek-V3 recipes (``set_deepseek_v3_pipeline_model_parallel_layout``:
+pp 4 → 16/16/16/13, 8 chunks → 8×7 + 5, 16 chunks → 4×15 + 1, whatever pp and vpp make
+the chunk count)."""
+
+
+def recipe_layers_per_chunk(
+    source: str, model: ModelSpec, preset_id: str, chunks: int
+) -> tuple[int, ...] | None:
+    """The uneven decoder split a source's recipe runs, where it is published; None for the
+    even split. Megatron-Bridge gives DeepSeek-V3 a hand-written layout that keeps the
+    embedding on the first chunk and leaves the last chunk room for MTP and the loss, so
+    the published runs are not the even split ndplan would otherwise assume."""
+    if source != "megatron-bridge" or preset_id != "deepseek-v3" or chunks < 2:
+        return None
+    slots = model.num_layers + MTP_LOSS_LAYER_SLOTS
+    if slots % chunks or slots // chunks <= MTP_LOSS_LAYER_SLOTS:
+        return None  # no recipe layout for this chunk count
+    per = slots // chunks
+    return (per,) * (chunks - 1) + (per - MTP_LOSS_LAYER_SLOTS,)
+
+
+def without_mtp(model: ModelSpec, notes: str) -> ModelSpec:
+    """The model as run: a source tag "(w/o MTP)" means the MTP block was switched off."""
+    if model.num_mtp_layers and re.search(r"w/o\s*MTP", notes, re.IGNORECASE):
+        return model.model_copy(update={"num_mtp_layers": 0})
+    return model
+
+
 class RunInterpreter:
     """Turns CSV rows into RunCases, using the presets and the device catalog."""
 
@@ -231,6 +261,9 @@ class RunInterpreter:
         model, info = self.model_for(row)
         if model is None:
             return skip(info)
+        preset_id = info
+        notes = row.get("notes", "")
+        model = without_mtp(model, notes)
         try:
             device = self.devices.get(row.get("hardware", ""))
         except NdplanError:
@@ -333,7 +366,9 @@ class RunInterpreter:
                 sp=sp,
                 schedule="interleaved" if vpp > 1 and pp > 1 else "1f1b",
                 recompute=policy,
-                layers_per_stage=None,
+                layers_per_stage=recipe_layers_per_chunk(
+                    source_short(source), model, preset_id, pp * vpp if pp > 1 else 1
+                ),
             )
         except ValidationError as exc:
             return skip(f"layout: {exc.errors()[0].get('msg')}")

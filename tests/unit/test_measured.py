@@ -311,6 +311,31 @@ def test_layout_from_the_stated_degrees(interpreter: RunInterpreter) -> None:
     assert (t.layout.dp, t.layout.zero, t.layout.sp, t.layout.recompute) == (64, 3, False, "full")
 
 
+def test_megatron_bridge_deepseek_v3_rows_run_the_recipes_uneven_split(
+    interpreter: RunInterpreter,
+) -> None:
+    """Megatron-Bridge's DeepSeek-V3 layout leaves the last chunk room for MTP and the
+    loss (three layers' worth): pp 16 → 4×15 + 1, pp 8 → 8×7 + 5, and the same decoder
+    counts per chunk under vpp."""
+    assert case(interpreter, 137).layout.layers_per_stage == (4,) * 15 + (1,)  # pp16 B200
+    assert case(interpreter, 43).layout.layers_per_stage == (8,) * 7 + (5,)  # pp8 B300
+    assert case(interpreter, 1).layout.layers_per_stage == (4,) * 15 + (1,)  # pp2 × vpp8
+    # 32 chunks leave no recipe layout (64 slots / 32 = 2 < 3): the even split stays.
+    assert case(interpreter, 248).layout.layers_per_stage is None
+    # Another source, or another model, keeps the even split.
+    assert (
+        case(interpreter, 137, source="NVIDIA NeMo performance summary").layout.layers_per_stage
+        is None
+    )
+    assert case(interpreter, 80).layout.layers_per_stage is None  # Llama 3 70B pp8 × vpp5
+
+
+def test_a_without_mtp_tag_switches_mtp_off(interpreter: RunInterpreter) -> None:
+    assert "w/o MTP" in BY_ID[238]["notes"]
+    assert case(interpreter, 238).model.num_mtp_layers == 0
+    assert case(interpreter, 256).model.num_mtp_layers == 1  # "(w/ MTP)"
+
+
 def test_rows_lacking_degrees_or_batch_are_skipped(interpreter: RunInterpreter) -> None:
     assert skip(interpreter, 353).reason == "degrees not stated (only the TP·PP product)"
     assert skip(interpreter, 1, num_gpus="").reason == "device count not stated"
