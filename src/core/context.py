@@ -110,6 +110,26 @@ def even_split(num_layers: int, parts: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
+MTP_LAYER_SLOTS = 2
+"""Decoder layers' worth of work one MTP block brings to the last chunk (its transformer
+layer plus its projection, head and loss); the main loss brings one more."""
+
+
+def default_split(num_layers: int, chunks: int, mtp_layers: int = 0) -> tuple[int, ...]:
+    """Layers per chunk when the layout gives none: the even split, except that with MTP
+    the last chunk keeps room for the MTP blocks and the loss. An even split would put
+    them on top of a full chunk of layers, which makes the last stage the whole pipeline's
+    bottleneck (DeepSeek-V3 at pp 16: twice the others); Megatron-Bridge's DeepSeek-V3
+    recipes split 61 layers as 16/16/16/13 over 4 chunks, 8×7 + 5 over 8, 4×15 + 1 over
+    16, which is this rule."""
+    if mtp_layers:
+        held = 1 + MTP_LAYER_SLOTS * mtp_layers
+        slots = even_split(num_layers + held, chunks)
+        if slots[-1] >= held:
+            return (*slots[:-1], slots[-1] - held)
+    return even_split(num_layers, chunks)
+
+
 def interleaved_in_flight(pp: int, vpp: int, m: int, stage: int) -> tuple[int, ...]:
     """Per chunk of ``stage``: forwards done before its first backward (Megatron's
     interleaved 1F1B). Warm-up is ``2·(pp − stage − 1) + (vpp − 1)·pp`` forwards plus
@@ -141,7 +161,9 @@ def place_layers(model: ModelSpec, layout: Layout) -> tuple[StagePlacement, ...]
     """
     pp, m = layout.pp, layout.num_microbatches
     chunks_n = layout.chunks
-    counts = layout.layers_per_stage or even_split(model.num_layers, chunks_n)
+    counts = layout.layers_per_stage or default_split(
+        model.num_layers, chunks_n, model.num_mtp_layers
+    )
     bounds = [0]
     for c in counts:
         bounds.append(bounds[-1] + c)

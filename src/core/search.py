@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import PricingContext
+from .context import MTP_LAYER_SLOTS, PricingContext
 from .errors import InfeasibleError, InvalidInputError
 from .layout import Layout, SearchSpace
 from .model import MoEFFN
@@ -263,6 +263,7 @@ def enumerate_candidates(
                                 schedules_allowed,
                                 refuse,
                                 fw.uneven_pipeline,
+                                model.num_mtp_layers,
                             ):
                                 for zero in zeros:
                                     if one_replica and zero != single_zero:
@@ -326,6 +327,7 @@ def _schedules(
     allowed: tuple[str, ...] | None,
     refuse: Callable[..., None],
     uneven: bool = True,
+    mtp_layers: int = 0,
 ) -> Iterable[tuple[int, str, int]]:
     """(vpp, schedule, split) for one pipeline depth."""
     if pp == 1:
@@ -349,13 +351,23 @@ def _schedules(
     # With the embedding and the loss counted as layers, pp·vpp may reach layers + 2: the
     # first and last chunks then hold only the embedding and the loss (NVIDIA's GB200
     # recipe for Llama 3.1 405B runs 126 layers as pp 16 × vpp 8).
-    top = (num_layers + 2) // pp if uneven else num_layers // pp
+    # An MTP model's default split leaves the last chunk room for MTP and the loss (see
+    # context.default_split): its chunk counts divide the layers plus that room.
+    held = 1 + MTP_LAYER_SLOTS * mtp_layers if mtp_layers else 0
+    top = (num_layers + max(2, held)) // pp if uneven else num_layers // pp
     for vpp in range(2, top + 1):
         if not _allowed(space.vpp, vpp):
             continue
-        if num_layers % (pp * vpp) == 0:
+        chunks = pp * vpp
+        mtp_room = (
+            uneven
+            and held
+            and (num_layers + held) % chunks == 0
+            and (num_layers + held) // chunks >= held
+        )
+        if num_layers % chunks == 0 or mtp_room:
             split = 0
-        elif uneven and (num_layers + 2) % (pp * vpp) == 0:
+        elif uneven and (num_layers + 2) % chunks == 0:
             split = 1
         else:
             continue  # not a refusal: only layer counts that split evenly are offered

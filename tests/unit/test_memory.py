@@ -16,7 +16,13 @@ from fractions import Fraction
 import pytest
 
 from ndplan.adapters.readers.hf import read_hf_config
-from ndplan.core.context import PricingContext, interleaved_in_flight, place_layers
+from ndplan.core.context import (
+    PricingContext,
+    default_split,
+    even_split,
+    interleaved_in_flight,
+    place_layers,
+)
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout
 from ndplan.core.memory import LOW_PRECISION_WEIGHT_BYTES, NdplanMemoryModel, padded_vocab
@@ -302,6 +308,40 @@ def test_gpipe_holds_every_micro_batch(pp: int, m: int) -> None:
     stages = place_layers(llama(layers=16), Layout(pp=pp, num_microbatches=m, schedule="gpipe"))
     assert all(c.in_flight == m for s in stages for c in s.chunks)
     assert stages[-1].head_in_flight == m
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        (4, (16, 16, 16, 13)),  # Megatron-Bridge's DeepSeek-V3 pp 4
+        (8, (8,) * 7 + (5,)),  # pp 8, or pp 4 × vpp 2
+        (16, (4,) * 15 + (1,)),  # pp 16, pp 8 × vpp 2, pp 4 × vpp 4
+        (32, None),  # no room for three slots on the last chunk: the even split
+    ],
+)
+def test_mtp_models_leave_the_last_chunk_room_for_mtp_and_the_loss(
+    chunks: int, expected: tuple[int, ...] | None
+) -> None:
+    assert sum(default_split(61, chunks, mtp_layers=1)) == 61
+    assert default_split(61, chunks, mtp_layers=1) == (expected or even_split(61, chunks))
+    assert default_split(61, chunks, mtp_layers=0) == even_split(61, chunks)
+
+
+def test_placement_of_an_mtp_model_shortens_its_critical_stage() -> None:
+    """DeepSeek-V3 at pp 16: with the even split the last stage carries four layers plus
+    MTP and the head and sets the pipeline's pace; the default split moves three layers
+    off it, so the slowest stage gets faster and the step shorter."""
+    planner = Planner()
+    spec = planner.model("deepseek-v3")
+    job = Job(global_batch_size=512, seq_length=4096, precision="mxfp8")
+    ctx = planner.context(spec, planner.device("b200"), 256, job)
+    layout = Layout(pp=16, ep=8, dp=16, num_microbatches=32)
+    even = layout.model_copy(update={"layers_per_stage": even_split(61, 16)})
+    chunks = [c.stop - c.start for s in place_layers(spec, layout) for c in s.chunks]
+    assert chunks == [4] * 15 + [1]
+    balanced, uneven = planner.estimate(ctx, layout).time, planner.estimate(ctx, even).time
+    assert max(balanced.stage_forward_s) < max(uneven.stage_forward_s)
+    assert balanced.step_s < uneven.step_s
 
 
 @pytest.mark.parametrize("pp", [2, 3, 4])

@@ -209,8 +209,13 @@ def check_valid(ctx: PricingContext, c: tuple[int, ...]) -> None:
     if vpp > 1:
         assert schedule == "interleaved", c
         assert m % pp == 0, c
-        # an even split, or (where the framework allows) embedding and loss as a layer each
-        assert layers % (pp * vpp) == 0 if not uneven else (layers + 2) % (pp * vpp) == 0, c
+        # an even split, or (where the framework allows) embedding and loss as a layer each,
+        # or an MTP model's room for MTP and the loss on the last chunk
+        held = 1 + 2 * ctx.model.num_mtp_layers if ctx.model.num_mtp_layers else 0
+        if uneven:
+            assert (layers + 2) % (pp * vpp) == 0, c
+        else:
+            assert layers % (pp * vpp) == 0 or (held and (layers + held) % (pp * vpp) == 0), c
     else:
         assert schedule != "interleaved" and not uneven, c
     if experts is None:
@@ -693,6 +698,25 @@ def test_embedding_and_loss_may_take_a_chunk_of_their_own(planner) -> None:
     assert stages[0].has_embedding and stages[-1].has_head
     assert stages[-1].chunks[-1].stop == stages[-1].chunks[-1].start  # loss only
     assert sum(s.num_layers for s in stages) == 126
+
+
+def test_an_mtp_model_interleaves_over_chunks_that_leave_room_for_mtp(planner) -> None:
+    """DeepSeek-V3's 61 layers split evenly over no chunk count; with MTP and the loss
+    holding three layers' room on the last chunk, 64 slots run as pp 4 × vpp 4 (4×15 + 1,
+    Megatron-Bridge's layout) and pp 8 × vpp 2."""
+    ctx, _ = make_ctx(planner, "deepseek-v3", 256, 1024, 4096)
+    space = SearchSpace(
+        tp=(1,), pp=(4, 8), cp=(1,), ep=(8,), mbs=(1,), zero=(1,), schedule=("interleaved",)
+    )
+    enum = enumerate_candidates(ctx, space)
+    found = {
+        (f["pp"], f["vpp"]) for f in (dict(zip(FIELDS, c, strict=True)) for c in enum.candidates)
+    }
+    assert {(4, 4), (8, 2), (4, 2), (8, 4)} - found == {(8, 4)}  # 32 chunks: no room for 3
+    c = next(c for c in enum.candidates if dict(zip(FIELDS, c, strict=True))["vpp"] == 4)
+    layout = candidate_layout(c, ctx.model.num_layers)
+    counts = [ch.stop - ch.start for s in ctx.placement(layout) for ch in s.chunks]
+    assert sorted(counts) == [1] + [4] * 15 and ctx.placement(layout)[-1].has_mtp
 
 
 def test_dualpipev_needs_twice_pp_micro_batches(planner) -> None:
