@@ -168,6 +168,13 @@ def ranking_groups(results: Sequence[RowResult]) -> list[dict]:
 
 
 DEVICE_FIELDS = ("gemm", "gemm_low_precision", "attention")
+LOW_PRECISION_RATIO = "low_precision_ratio"
+"""Fitted in place of ``gemm_low_precision``: its share of the fp8 peak over bf16's share
+of the bf16 peak. An fp8 GEMM runs the same tiles with half the operand bytes plus
+scaling and casts, so it reaches no larger a share of its peak than bf16 does (cuBLAS
+on H100 and B200 measures 0.9–1.0). Bounding the ratio keeps a generation whose bf16
+rows are all MoE from pushing its bf16 GEMMs (the LM head of every fp8 run) below
+its fp8 ones."""
 SHARED_FIELDS = (
     ("hbm", 0.4, 0.95),
     ("scale_up_bus", 0.3, 0.95),
@@ -184,39 +191,49 @@ BOUNDS = {
     "gemm_low_precision": (0.2, 0.95),
     "attention": (0.15, 0.95),
     "gemm_fp4": (0.15, 0.95),
+    "grouped_gemm_bf16": (0.15, 0.95),
+    LOW_PRECISION_RATIO: (0.5, 1.0),
 }
 FP4_FIELD = "gemm_fp4"
 """Fitted only for the generations that have fp4 rows (elsewhere nothing constrains it)."""
+GROUPED_BF16_FIELD = "grouped_gemm_bf16"
+"""Fitted only for the generations that have bf16 MoE rows (elsewhere nothing constrains it)."""
+OPTIONAL_FIELDS = (FP4_FIELD, GROUPED_BF16_FIELD)
 
 
 class CalibrationSpace:
     """The fitted parameters as a vector, and back: per device generation the GEMM and
-    attention efficiencies (and the fp4 GEMM efficiency where fp4 rows exist); shared
-    HBM and link efficiencies, the small-GEMM knee and the per-kernel gap; per framework
-    the overlap fractions; the per-step overhead.
+    attention efficiencies (and the fp4 and bf16 routed-expert GEMM efficiencies where
+    rows constrain them); shared HBM and link efficiencies, the small-GEMM knee and the
+    per-kernel gap; per framework the overlap fractions; the per-step overhead.
 
-    ``fp4_families``: the generations whose fp4 efficiency is fitted; by default those
-    the base calibration already gives one."""
+    ``fp4_families`` / ``grouped_bf16_families``: the generations whose fp4 GEMM /
+    bf16 routed-expert GEMM efficiency is fitted; by default those the base calibration
+    already gives one."""
 
     def __init__(
         self,
         base: Calibration,
         families: Iterable[str],
         fp4_families: Iterable[str] | None = None,
+        grouped_bf16_families: Iterable[str] | None = None,
     ) -> None:
         self.base = base
         self.families = sorted(set(families))
-        if fp4_families is None:
-            fp4_families = [
-                f for f, eff in base.devices.items() if getattr(eff, FP4_FIELD) is not None
-            ]
-        self.fp4_families = sorted(set(fp4_families) & set(self.families))
+        given = {FP4_FIELD: fp4_families, GROUPED_BF16_FIELD: grouped_bf16_families}
+        self.optional: dict[str, list[str]] = {}
+        for name, fams in given.items():
+            if fams is None:
+                fams = [f for f, eff in base.devices.items() if getattr(eff, name) is not None]
+            self.optional[name] = sorted(set(fams) & set(self.families))
         params: list[Parameter] = []
         for fam in self.families:
             for f in DEVICE_FIELDS:
+                f = LOW_PRECISION_RATIO if f == "gemm_low_precision" else f
                 params.append(Parameter(f"{fam}.{f}", *BOUNDS[f]))
-            if fam in self.fp4_families:
-                params.append(Parameter(f"{fam}.{FP4_FIELD}", *BOUNDS[FP4_FIELD]))
+            for name in OPTIONAL_FIELDS:
+                if fam in self.optional[name]:
+                    params.append(Parameter(f"{fam}.{name}", *BOUNDS[name]))
         for f, lo, hi in SHARED_FIELDS:
             params.append(Parameter(f"shared.{f}", lo, hi))
         for fw, fields in OVERLAP_FIELDS.items():
@@ -227,6 +244,10 @@ class CalibrationSpace:
         params.append(Parameter("step_overhead_s", 0.0, 0.5))
         params.append(Parameter("interference", 0.0, 0.5))
         self.params = params
+
+    @property
+    def fp4_families(self) -> list[str]:
+        return self.optional[FP4_FIELD]
 
     def start(self) -> np.ndarray:
         values = []
@@ -245,14 +266,21 @@ class CalibrationSpace:
                 values.append(self.base.attention_scale.get(tail, 1.0))
             else:
                 eff = self.base.devices.get(head, self.base.default)
+                if tail == LOW_PRECISION_RATIO:
+                    lo, hi = BOUNDS[LOW_PRECISION_RATIO]
+                    values.append(min(hi, max(lo, eff.gemm_low_precision / eff.gemm)))
+                    continue
                 value = getattr(eff, tail)
-                if tail == FP4_FIELD and value is None:
-                    value = eff.gemm_low_precision  # not fitted yet: start where fp8 is
+                if value is None:  # not fitted yet: start where the figure it replaces is
+                    value = eff.gemm_low_precision if tail == FP4_FIELD else eff.gemm
                 values.append(value)
         return np.asarray(values, dtype=float)
 
     def calibration(self, x: np.ndarray, **fit: float) -> Calibration:
         values = dict(zip((p.name for p in self.params), (float(v) for v in x), strict=True))
+        for fam in self.families:
+            ratio = values[f"{fam}.{LOW_PRECISION_RATIO}"]
+            values[f"{fam}.gemm_low_precision"] = ratio * values[f"{fam}.gemm"]
         shared = {f: values[f"shared.{f}"] for f, _, _ in SHARED_FIELDS}
         # A device type no measured row covers (MI300X, Ascend, ...) gets the mean of the
         # fitted generations, not an unfitted guess.
@@ -260,17 +288,17 @@ class CalibrationSpace:
             f: sum(values[f"{fam}.{f}"] for fam in self.families) / len(self.families)
             for f in DEVICE_FIELDS
         }
-        if self.fp4_families:
-            mean[FP4_FIELD] = sum(values[f"{fam}.{FP4_FIELD}"] for fam in self.fp4_families) / len(
-                self.fp4_families
-            )
+        for name, fams in self.optional.items():
+            if fams:
+                mean[name] = sum(values[f"{fam}.{name}"] for fam in fams) / len(fams)
         default = self.base.default.model_copy(update={**shared, **mean})
         devices = dict(self.base.devices)
         for fam in self.families:
             update = {**shared, **{f: values[f"{fam}.{f}"] for f in DEVICE_FIELDS}}
-            # A generation without fp4 rows keeps none (it falls back to its fp8 figure).
-            fitted = fam in self.fp4_families
-            update[FP4_FIELD] = values[f"{fam}.{FP4_FIELD}"] if fitted else None
+            # A generation without rows for an optional figure keeps none (it falls back
+            # to the figure it refines).
+            for name, fams in self.optional.items():
+                update[name] = values[f"{fam}.{name}"] if fam in fams else None
             devices[fam] = devices.get(fam, default).model_copy(update=update)
         overlap = dict(self.base.overlap)
         for fw, fields in OVERLAP_FIELDS.items():
@@ -314,7 +342,12 @@ def fit_calibration(
     usable = [c for c in cases if not c.check]
     families = {FAMILIES.get(c.device.id, c.device.id) for c in usable}
     fp4 = {FAMILIES.get(c.device.id, c.device.id) for c in usable if c.job.precision == "fp4"}
-    space = CalibrationSpace(base, families, fp4)
+    bf16_moe = {
+        FAMILIES.get(c.device.id, c.device.id)
+        for c in usable
+        if c.moe and c.job.precision in ("bf16", "fp16")
+    }
+    space = CalibrationSpace(base, families, fp4, bf16_moe)
     per_source: dict[str, int] = defaultdict(int)
     for c in usable:
         per_source[c.source] += 1

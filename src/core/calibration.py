@@ -27,6 +27,12 @@ class DeviceEfficiency(Frozen):
     None. FP4 carries more around its GEMMs than FP8 — per-16-element block scales and
     the recipe's Hadamard transforms and stochastic rounding — so it reaches less of a
     peak that is two to three times FP8's."""
+    grouped_gemm_bf16: float | None = Field(default=None, gt=0, le=1)
+    """Fraction of the bf16 peak the routed experts' grouped GEMMs reach; ``gemm`` when
+    None. Blackwell's MoE recipes run low-precision experts through fused grouped-MLP
+    kernels, while bf16 experts take the generic grouped-GEMM path, which reaches less
+    (gpt-oss on GB300 steps 1.7× slower in bf16 than in MXFP8: rows 138 and 44 of the
+    measured runs). Kept apart so that dense bf16 GEMMs (every LM head) keep theirs."""
     gemm_half_gflop: float = Field(default=1.0, ge=0)
     """GEMM size (GFLOP per call) at which efficiency falls to half: small GEMMs (big TP,
     thin experts, small micro-batches) cannot fill the device."""
@@ -49,9 +55,12 @@ class DeviceEfficiency(Frozen):
     reserve_gib: float | None = Field(default=None, ge=0)
     """Fixed memory reserve; the device data's when None."""
 
-    def gemm_fraction(self, gemm_precision: str) -> float:
-        """The fraction of the ``gemm_precision`` peak large GEMMs reach."""
+    def gemm_fraction(self, gemm_precision: str, routed: bool = False) -> float:
+        """The fraction of the ``gemm_precision`` peak large GEMMs reach (``routed``: the
+        routed experts' grouped GEMMs)."""
         if gemm_precision in ("bf16", "fp16"):
+            if routed and self.grouped_gemm_bf16 is not None:
+                return self.grouped_gemm_bf16
             return self.gemm
         if gemm_precision == "fp4" and self.gemm_fp4 is not None:
             return self.gemm_fp4

@@ -176,6 +176,7 @@ class NdplanCostModel:
         count: float = 1.0,
         low_precision: bool | None = None,
         grouped: bool = False,
+        routed: bool = False,
     ) -> float:
         """``count`` GEMMs of m×k by k×n: compute at a size-dependent efficiency, or the
         memory roofline, whichever is slower."""
@@ -187,7 +188,7 @@ class NdplanCostModel:
         flops = 2.0 * m * k * n
         precision = job.gemm_precision if lp else "bf16"
         peak = ctx.device.peak_flops(precision)
-        top = eff.gemm_fraction(precision)
+        top = eff.gemm_fraction(precision, routed)
         half = (eff.grouped_gemm_half_gflop if grouped else eff.gemm_half_gflop) * 1e9
         efficiency = top * flops / (flops + half) if half > 0 else top
         compute = flops / (peak * efficiency)
@@ -236,9 +237,12 @@ class NdplanCostModel:
             switches=(),
             count: float = 1.0,
             low_precision: bool | None = None,
+            routed: bool = False,
         ) -> None:
             nonlocal flops
-            fwd = self._gemm_s(ctx, m, k, nn, count, low_precision, grouped=count > 1)
+            fwd = self._gemm_s(
+                ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed
+            )
             if (low_precision is None and lp) or low_precision:
                 fwd += self._hbm_s(ctx, cast * m * k * count)
             # Frozen weights (LoRA) need no weight-gradient GEMM: the backward is dgrad only.
@@ -345,13 +349,22 @@ class NdplanCostModel:
                 (2 if moe.gated else 1) * width,
                 ("moe_ffn",),
                 count=local_experts,
+                routed=True,
             )
             elementwise(
                 "expert_activation",
                 (3 if moe.gated else 2) * ab * copies * width,
                 ("act", "moe_ffn"),
             )
-            gemm("expert_fc2", per_expert, width, h, ("moe_ffn",), count=local_experts)
+            gemm(
+                "expert_fc2",
+                per_expert,
+                width,
+                h,
+                ("moe_ffn",),
+                count=local_experts,
+                routed=True,
+            )
             if moe.shared_intermediate_size:
                 gemm("shared_fc1", n, h, (2 if moe.gated else 1) * moe.shared_intermediate_size / t)
                 elementwise(

@@ -199,6 +199,32 @@ def test_fp4_efficiency_is_fitted_only_where_fp4_rows_are() -> None:
     assert "blackwell.gemm_fp4" in [p.name for p in CalibrationSpace(cal, ["blackwell"]).params]
 
 
+def test_bf16_expert_efficiency_is_fitted_only_where_bf16_moe_rows_are() -> None:
+    space = CalibrationSpace(Calibration(), ["hopper", "ampere"], grouped_bf16_families=["hopper"])
+    names = [p.name for p in space.params]
+    assert "hopper.grouped_gemm_bf16" in names and "ampere.grouped_gemm_bf16" not in names
+    start = dict(zip(names, space.start(), strict=True))
+    assert start["hopper.grouped_gemm_bf16"] == Calibration().default.gemm  # starts at bf16's
+    x = space.start()
+    x[names.index("hopper.grouped_gemm_bf16")] = 0.35
+    cal = space.calibration(x)
+    assert cal.devices["hopper"].grouped_gemm_bf16 == 0.35
+    assert cal.devices["ampere"].grouped_gemm_bf16 is None
+
+
+def test_fp8_share_never_exceeds_bf16s() -> None:
+    """The fit moves fp8's share of its peak as a ratio to bf16's, at most 1."""
+    space = CalibrationSpace(Calibration(), ["blackwell"])
+    names = [p.name for p in space.params]
+    ratio = space.params[names.index("blackwell.low_precision_ratio")]
+    assert ratio.high == 1.0
+    x = space.start()
+    x[names.index("blackwell.gemm")] = 0.4
+    x[names.index("blackwell.low_precision_ratio")] = 1.0
+    eff = space.calibration(x).devices["blackwell"]
+    assert eff.gemm_low_precision == pytest.approx(0.4)
+
+
 def test_calibration_space_start_reads_the_base() -> None:
     base = Calibration()
     space = CalibrationSpace(base, ["hopper"])

@@ -935,6 +935,22 @@ def test_fp4_gemms_have_their_own_efficiency() -> None:
         assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (4500e12 * 0.5), rel=1e-12)
 
 
+def test_bf16_routed_expert_gemms_have_their_own_efficiency() -> None:
+    """Routed experts' grouped GEMMs in bf16 run at ``grouped_gemm_bf16``; dense bf16
+    GEMMs (the head, attention projections) and low-precision experts keep theirs."""
+    m = k = n = 8192
+    flops = 2.0 * m * k * n
+    fit = {"gemm": 0.8, "gemm_low_precision": 0.5, "grouped_gemm_bf16": 0.4}
+    fit |= {"gemm_half_gflop": 0.0, "grouped_gemm_half_gflop": 0.0}
+    ctx, cm = gemm_ctx(**fit)
+    assert cm._gemm_s(ctx, m, k, n, routed=True) == pytest.approx(flops / (989.4e12 * 0.4))
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (989.4e12 * 0.8))
+    ctx, cm = gemm_ctx("fp8", **fit)
+    assert cm._gemm_s(ctx, m, k, n, routed=True) == pytest.approx(flops / (1978.9e12 * 0.5))
+    ctx, cm = gemm_ctx(**{**fit, "grouped_gemm_bf16": None})  # unfitted: the dense share
+    assert cm._gemm_s(ctx, m, k, n, routed=True) == pytest.approx(flops / (989.4e12 * 0.8))
+
+
 def test_low_precision_halves_the_memory_roofline_operands() -> None:
     m, k, n = 1, 8192, 8192
     ctx, cm = gemm_ctx("fp8", hbm=1.0)
