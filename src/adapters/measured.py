@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
+from ndplan.core.context import MTP_LAYER_SLOTS, default_split
 from ndplan.core.counting import count_flops
 from ndplan.core.errors import InvalidInputError, NdplanError
 from ndplan.core.job import Job
@@ -173,27 +174,21 @@ def zero_of(value: str, framework: str) -> int | None:
     return 3
 
 
-MTP_LOSS_LAYER_SLOTS = 3
-"""Decoder layers the MTP block and the loss displace from the last pipeline chunk in
-Megatron-Bridge's DeepSeek-V3 recipes (``set_deepseek_v3_pipeline_model_parallel_layout``:
-pp 4 → 16/16/16/13, 8 chunks → 8×7 + 5, 16 chunks → 4×15 + 1, whatever pp and vpp make
-the chunk count)."""
-
-
 def recipe_layers_per_chunk(
     source: str, model: ModelSpec, preset_id: str, chunks: int
 ) -> tuple[int, ...] | None:
     """The uneven decoder split a source's recipe runs, where it is published; None for the
-    even split. Megatron-Bridge gives DeepSeek-V3 a hand-written layout that keeps the
-    embedding on the first chunk and leaves the last chunk room for MTP and the loss, so
-    the published runs are not the even split ndplan would otherwise assume."""
+    even split. Megatron-Bridge's DeepSeek-V3 recipes (``set_deepseek_v3_pipeline_model_
+    parallel_layout``) keep the embedding on the first chunk and leave the last one room
+    for one MTP block and the loss — 16/16/16/13 over 4 chunks, 8×7 + 5 over 8, 4×15 + 1
+    over 16 — whether MTP runs or not; other chunk counts have no recipe layout."""
     if source != "megatron-bridge" or preset_id != "deepseek-v3" or chunks < 2:
         return None
-    slots = model.num_layers + MTP_LOSS_LAYER_SLOTS
-    if slots % chunks or slots // chunks <= MTP_LOSS_LAYER_SLOTS:
-        return None  # no recipe layout for this chunk count
-    per = slots // chunks
-    return (per,) * (chunks - 1) + (per - MTP_LOSS_LAYER_SLOTS,)
+    held = 1 + MTP_LAYER_SLOTS
+    slots = model.num_layers + held
+    if slots % chunks or slots // chunks <= held:
+        return None
+    return default_split(model.num_layers, chunks, mtp_layers=1)
 
 
 def without_mtp(model: ModelSpec, notes: str) -> ModelSpec:
