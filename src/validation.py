@@ -182,6 +182,7 @@ SHARED_FIELDS = (
     ("gemm_half_gflop", 0.0, 40.0),
     ("grouped_gemm_half_gflop", 0.0, 40.0),
     ("kernel_launch_us", 0.0, 40.0),
+    ("moe_layer_overhead_us", 0.0, 3000.0),
 )
 OVERLAP_FIELDS = {"megatron": ("tp", "ep", "dp", "cp", "fsdp"), "torchtitan": ("fsdp", "tp", "cp")}
 ATTENTION_SCALED = ("megatron",)

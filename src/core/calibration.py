@@ -50,6 +50,11 @@ class DeviceEfficiency(Frozen):
     host_optimizer_params_per_s: float = Field(default=1.0e9, gt=0)
     """Parameters per second a device's share of the host CPU updates when the optimizer
     is offloaded (a CPU Adam step; an engineering default — no measured rows offload)."""
+    moe_layer_overhead_us: float = Field(default=0.0, ge=0)
+    """Fixed time each routed-expert layer adds per micro-batch, forward and again
+    backward, microseconds: the token counts per expert go to the host before the
+    grouped GEMMs can be sized, which stalls the stream, plus the router's and the
+    permutation's small kernels."""
     kernel_launch_us: float = Field(default=4.0, ge=0)
     """Fixed cost per kernel launch on the critical path, microseconds."""
     reserve_gib: float | None = Field(default=None, ge=0)

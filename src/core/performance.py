@@ -335,6 +335,8 @@ class NdplanCostModel:
             gemm("fc2", n, width / t, h)
         else:
             moe: MoEFFN = ffn
+            sync = eff.moe_layer_overhead_us * 1e-6
+            ops.append(Op("moe_sync", sync, sync, frozenset(("moe_ffn",))))
             gemm("router", n / sigma, h, moe.num_experts, low_precision=False)
             elementwise("routing", 4 * 2 * n / sigma * moe.num_experts)
             copies = n / sigma * moe.top_k * job.moe_capacity_factor * layout.expert_tp

@@ -1099,7 +1099,28 @@ def test_selective_recompute_of_core_attention_and_experts() -> None:
     experts = cm.layer_seconds(ctx, layout, MOE, frozenset({"moe_ffn"}))["recompute"]
     by_name = {op.name: op.forward_s for op in cost.ops}
     assert experts == pytest.approx(
-        sum(by_name[n] for n in ("permute", "expert_fc1", "expert_activation", "expert_fc2"))
+        sum(
+            by_name[n]
+            for n in ("moe_sync", "permute", "expert_fc1", "expert_activation", "expert_fc2")
+        )
+    )
+
+
+def test_each_routed_expert_layer_pays_its_fixed_overhead() -> None:
+    """``moe_layer_overhead_us`` adds the same time to every MoE layer's forward and
+    backward (and to its recompute when the experts are recomputed); dense layers pay none."""
+    layout = Layout(dp=4, ep=4, num_microbatches=2)
+    ctx, other = make_ctx(layout, moe_model()), make_ctx(layout, moe_model())  # own caches
+    base = NdplanCostModel(Calibration(default=DeviceEfficiency(moe_layer_overhead_us=0.0)))
+    slow = NdplanCostModel(Calibration(default=DeviceEfficiency(moe_layer_overhead_us=500.0)))
+    for recompute in (None, frozenset({"moe_ffn"})):
+        a = base.layer_seconds(ctx, layout, MOE, recompute)
+        b = slow.layer_seconds(other, layout, MOE, recompute)
+        assert b["forward"] - a["forward"] == pytest.approx(500e-6)
+        assert b["backward"] - a["backward"] == pytest.approx(500e-6)
+        assert b["recompute"] - a["recompute"] == pytest.approx(500e-6)
+    assert slow.layer_seconds(other, layout, DENSE, None) == base.layer_seconds(
+        ctx, layout, DENSE, None
     )
 
 
