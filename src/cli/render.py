@@ -35,6 +35,25 @@ def layout_line(plan: Plan) -> str:
     return " · ".join(parts)
 
 
+def split_line(ctx: PricingContext, plan: Plan) -> str | None:
+    """``layers per chunk: 4 ×15, 1`` when the decoder layers do not split evenly over the
+    pipeline chunks (a remainder, the embedding and loss as layers, an MTP model's last
+    chunk); None when every chunk holds the same number."""
+    chunks = sorted(
+        (c.start, c.stop - c.start) for s in ctx.placement(plan.layout) for c in s.chunks
+    )
+    counts = [n for _, n in chunks]
+    if len(set(counts)) <= 1:
+        return None
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "layers per chunk: " + ", ".join(f"{n} ×{k}" if k > 1 else f"{n}" for n, k in runs)
+
+
 def _stage_columns(n: int, peak: int) -> list[int]:
     if n <= MAX_STAGE_COLUMNS:
         return list(range(n))
@@ -110,9 +129,11 @@ def header(ctx: PricingContext) -> str:
 
 
 def plan_report(ctx: PricingContext, plan: Plan, *, show_recompute: bool = True) -> Group:
-    items = [
-        Text(header(ctx), style="bold"),
-        Text("layout: " + layout_line(plan)),
+    items = [Text(header(ctx), style="bold"), Text("layout: " + layout_line(plan))]
+    split = split_line(ctx, plan)
+    if split is not None:
+        items.append(Text(split))
+    items += [
         memory_table(plan),
         Text(memory_verdict(plan)),
     ]

@@ -281,3 +281,54 @@ def test_recompute_auto_prints_layer_ranges_per_stage(
         assert re.fullmatch(rf"stage \d+: layers {RANGE}(?:, {RANGE})*", line), line
     assert ranges[0].startswith("stage 0: layers 0-")
     assert "— fits" in out
+
+
+def test_an_uneven_split_is_printed_chunk_by_chunk(capsys: pytest.CaptureFixture[str]) -> None:
+    """DeepSeek-V3's last chunk keeps room for MTP and the loss; an even split prints no
+    such line."""
+    code, out, err = invoke(
+        capsys,
+        *[
+            "-m",
+            "deepseek-v3",
+            "-d",
+            "b200",
+            "-n",
+            "256",
+            "--gbs",
+            "4096",
+            "-s",
+            "4096",
+            "--pp",
+            "16",
+            "--ep",
+            "8",
+        ],
+    )
+    assert code == 0, err
+    assert "layers per chunk: 4 ×15, 1\n" in out
+    code, out, err = invoke(
+        capsys,
+        *[
+            "-m",
+            "llama-3-70b",
+            "-d",
+            "h100",
+            "-n",
+            "64",
+            "--gbs",
+            "128",
+            "-s",
+            "8192",
+            "--tp",
+            "4",
+            "--pp",
+            "4",
+            "--vpp",
+            "5",
+            "--cp",
+            "2",
+        ],
+    )
+    assert code == 0, err
+    assert "layers per chunk" not in out
