@@ -175,6 +175,13 @@ scaling and casts, so it reaches no larger a share of its peak than bf16 does (c
 on H100 and B200 measures 0.9–1.0). Bounding the ratio keeps a generation whose bf16
 rows are all MoE from pushing its bf16 GEMMs (the LM head of every fp8 run) below
 its fp8 ones."""
+FITTED_DEVICE_FIELDS = ("gemm", LOW_PRECISION_RATIO, "attention")
+"""The per-generation parameters the fit moves; ``DEVICE_FIELDS`` follow from them."""
+FP4_FIELD = "gemm_fp4"
+"""Fitted only for the generations that have fp4 rows (elsewhere nothing constrains it)."""
+GROUPED_BF16_FIELD = "grouped_gemm_bf16"
+"""Fitted only for the generations that have bf16 MoE rows (elsewhere nothing constrains it)."""
+OPTIONAL_FIELDS = (FP4_FIELD, GROUPED_BF16_FIELD)
 SHARED_FIELDS = (
     ("hbm", 0.4, 0.95),
     ("scale_up_bus", 0.3, 0.95),
@@ -189,17 +196,11 @@ ATTENTION_SCALED = ("megatron",)
 """Frameworks whose attention kernel gets its own factor (the others keep the device's fit)."""
 BOUNDS = {
     "gemm": (0.3, 0.95),
-    "gemm_low_precision": (0.2, 0.95),
-    "attention": (0.15, 0.95),
-    "gemm_fp4": (0.15, 0.95),
-    "grouped_gemm_bf16": (0.15, 0.95),
     LOW_PRECISION_RATIO: (0.5, 1.0),
+    "attention": (0.15, 0.95),
+    FP4_FIELD: (0.15, 0.95),
+    GROUPED_BF16_FIELD: (0.15, 0.95),
 }
-FP4_FIELD = "gemm_fp4"
-"""Fitted only for the generations that have fp4 rows (elsewhere nothing constrains it)."""
-GROUPED_BF16_FIELD = "grouped_gemm_bf16"
-"""Fitted only for the generations that have bf16 MoE rows (elsewhere nothing constrains it)."""
-OPTIONAL_FIELDS = (FP4_FIELD, GROUPED_BF16_FIELD)
 
 
 class CalibrationSpace:
@@ -229,8 +230,7 @@ class CalibrationSpace:
             self.optional[name] = sorted(set(fams) & set(self.families))
         params: list[Parameter] = []
         for fam in self.families:
-            for f in DEVICE_FIELDS:
-                f = LOW_PRECISION_RATIO if f == "gemm_low_precision" else f
+            for f in FITTED_DEVICE_FIELDS:
                 params.append(Parameter(f"{fam}.{f}", *BOUNDS[f]))
             for name in OPTIONAL_FIELDS:
                 if fam in self.optional[name]:
@@ -245,10 +245,6 @@ class CalibrationSpace:
         params.append(Parameter("step_overhead_s", 0.0, 0.5))
         params.append(Parameter("interference", 0.0, 0.5))
         self.params = params
-
-    @property
-    def fp4_families(self) -> list[str]:
-        return self.optional[FP4_FIELD]
 
     def start(self) -> np.ndarray:
         values = []
@@ -341,14 +337,13 @@ def fit_calibration(
     loss of log(predicted/measured) with each source weighted by 1/√rows."""
     base = base or Calibration()
     usable = [c for c in cases if not c.check]
-    families = {FAMILIES.get(c.device.id, c.device.id) for c in usable}
-    fp4 = {FAMILIES.get(c.device.id, c.device.id) for c in usable if c.job.precision == "fp4"}
-    bf16_moe = {
-        FAMILIES.get(c.device.id, c.device.id)
-        for c in usable
-        if c.moe and c.job.precision in ("bf16", "fp16")
-    }
-    space = CalibrationSpace(base, families, fp4, bf16_moe)
+
+    def family(c: RunCase) -> str:
+        return FAMILIES.get(c.device.id, c.device.id)
+
+    fp4 = {family(c) for c in usable if c.job.precision == "fp4"}
+    bf16_moe = {family(c) for c in usable if c.moe and c.job.precision in ("bf16", "fp16")}
+    space = CalibrationSpace(base, {family(c) for c in usable}, fp4, bf16_moe)
     per_source: dict[str, int] = defaultdict(int)
     for c in usable:
         per_source[c.source] += 1

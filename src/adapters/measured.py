@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.context import MTP_LAYER_SLOTS, default_split
+from ndplan.core.context import default_split, mtp_room
 from ndplan.core.counting import count_flops
 from ndplan.core.errors import InvalidInputError, NdplanError
 from ndplan.core.job import Job
@@ -184,7 +184,7 @@ def recipe_layers_per_chunk(
     over 16 — whether MTP runs or not; other chunk counts have no recipe layout."""
     if source != "megatron-bridge" or preset_id != "deepseek-v3" or chunks < 2:
         return None
-    held = 1 + MTP_LAYER_SLOTS
+    held = mtp_room(1)
     slots = model.num_layers + held
     if slots % chunks or slots // chunks <= held:
         return None
@@ -259,6 +259,7 @@ class RunInterpreter:
         preset_id = info
         notes = row.get("notes", "")
         model = without_mtp(model, notes)
+        short = source_short(source)
         try:
             device = self.devices.get(row.get("hardware", ""))
         except NdplanError:
@@ -275,19 +276,19 @@ class RunInterpreter:
         if pp is None:
             if dp is not None and n % (tp * cp * dp) == 0:
                 pp = n // (tp * cp * dp)
-            elif "(TP*PP)" in row.get("notes", "") or "tp/pp split" in row.get("notes", "").lower():
+            elif "(TP*PP)" in notes or "tp/pp split" in notes.lower():
                 return skip("degrees not stated (only the TP·PP product)")
             else:
                 pp = 1
                 assumed.append("pp=1")
-        if row.get("tp", "") == "" and "(TP*PP)" in row.get("notes", ""):
+        if row.get("tp", "") == "" and "(TP*PP)" in notes:
             return skip("degrees not stated (only the TP·PP product)")
         if n % (tp * pp * cp):
             return skip(f"tp({tp})·pp({pp})·cp({cp}) does not divide {n} devices")
         dp = n // (tp * pp * cp)
         seq = _int(row.get("seq_len", ""))
         if seq is None:
-            match = re.search(r"default[^.;]* is (\d+)", row.get("notes", ""))
+            match = re.search(r"default[^.;]* is (\d+)", notes)
             if not match:
                 return skip("sequence length not stated")
             seq = int(match.group(1))
@@ -304,11 +305,7 @@ class RunInterpreter:
         if gbs % (dp * mbs):
             return skip(f"global batch {gbs} is not a multiple of dp({dp})·mbs({mbs})")
         vpp = _int(row.get("vpp", "")) or 1
-        if (
-            pp > 1
-            and row.get("vpp", "") == ""
-            and re.search(r"\bVPP\b[^.;]*not stated", row.get("notes", ""))
-        ):
+        if pp > 1 and row.get("vpp", "") == "" and re.search(r"\bVPP\b[^.;]*not stated", notes):
             # An empty vpp column means "not interleaved", unless the notes say the source
             # does not state it (the Megatron-LM README table); record that it was assumed.
             assumed.append("vpp=1")
@@ -333,7 +330,7 @@ class RunInterpreter:
         if precision == "fp4" and "fp4" not in device.peak_tflops:
             return skip(f"fp4 on {device.id}, which has no fp4 rate")
         moe = any(isinstance(k.ffn, MoEFFN) for k in model.kinds)
-        nvidia_perf = source_short(source) in ("megatron-bridge", "nemo", "nemo-cp")
+        nvidia_perf = short in ("megatron-bridge", "nemo", "nemo-cp")
         job_framework = "torchtitan" if framework == "composer" else framework
         try:
             job = Job(
@@ -362,7 +359,7 @@ class RunInterpreter:
                 schedule="interleaved" if vpp > 1 and pp > 1 else "1f1b",
                 recompute=policy,
                 layers_per_stage=recipe_layers_per_chunk(
-                    source_short(source), model, preset_id, pp * vpp if pp > 1 else 1
+                    short, model, preset_id, pp * vpp if pp > 1 else 1
                 ),
             )
         except ValidationError as exc:
@@ -377,12 +374,12 @@ class RunInterpreter:
             peak = peak * 1e9 / 2**30
         return RunCase(
             row_id=row_id,
-            source=source_short(source),
+            source=short,
             model_label=label,
             family=_family(model, label),
             hardware=device.id,
             moe=moe,
-            check="CHECK:" in row.get("notes", ""),
+            check="CHECK:" in notes,
             model=model,
             device=device,
             num_devices=n,

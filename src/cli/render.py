@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 
 from rich.console import Group
 from rich.text import Text
@@ -39,18 +40,11 @@ def split_line(ctx: PricingContext, plan: Plan) -> str | None:
     """``layers per chunk: 4 ×15, 1`` when the decoder layers do not split evenly over the
     pipeline chunks (a remainder, the embedding and loss as layers, an MTP model's last
     chunk); None when every chunk holds the same number."""
-    chunks = sorted(
-        (c.start, c.stop - c.start) for s in ctx.placement(plan.layout) for c in s.chunks
-    )
-    counts = [n for _, n in chunks]
+    chunks = sorted((c.start, c.stop) for s in ctx.placement(plan.layout) for c in s.chunks)
+    counts = [stop - start for start, stop in chunks]
     if len(set(counts)) <= 1:
         return None
-    runs: list[list[int]] = []
-    for n in counts:
-        if runs and runs[-1][0] == n:
-            runs[-1][1] += 1
-        else:
-            runs.append([n, 1])
+    runs = [(n, len(list(same))) for n, same in groupby(counts)]
     return "layers per chunk: " + ", ".join(f"{n} ×{k}" if k > 1 else f"{n}" for n, k in runs)
 
 

@@ -115,6 +115,12 @@ MTP_LAYER_SLOTS = 2
 layer plus its projection, head and loss); the main loss brings one more."""
 
 
+def mtp_room(mtp_layers: int) -> int:
+    """Layer slots an MTP model's last chunk keeps for its MTP blocks and the loss (0
+    without MTP, where the even split applies)."""
+    return 1 + MTP_LAYER_SLOTS * mtp_layers if mtp_layers else 0
+
+
 def default_split(num_layers: int, chunks: int, mtp_layers: int = 0) -> tuple[int, ...]:
     """Layers per chunk when the layout gives none: the even split, except that with MTP
     the last chunk keeps room for the MTP blocks and the loss. An even split would put
@@ -122,8 +128,8 @@ def default_split(num_layers: int, chunks: int, mtp_layers: int = 0) -> tuple[in
     bottleneck (DeepSeek-V3 at pp 16: twice the others); Megatron-Bridge's DeepSeek-V3
     recipes split 61 layers as 16/16/16/13 over 4 chunks, 8×7 + 5 over 8, 4×15 + 1 over
     16, which is this rule."""
-    if mtp_layers:
-        held = 1 + MTP_LAYER_SLOTS * mtp_layers
+    held = mtp_room(mtp_layers)
+    if held:
         slots = even_split(num_layers + held, chunks)
         if slots[-1] >= held:
             return (*slots[:-1], slots[-1] - held)

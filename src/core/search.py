@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import MTP_LAYER_SLOTS, PricingContext
+from .context import PricingContext, mtp_room
 from .errors import InfeasibleError, InvalidInputError
 from .layout import Layout, SearchSpace
 from .model import MoEFFN
@@ -353,19 +353,19 @@ def _schedules(
     # recipe for Llama 3.1 405B runs 126 layers as pp 16 × vpp 8).
     # An MTP model's default split leaves the last chunk room for MTP and the loss (see
     # context.default_split): its chunk counts divide the layers plus that room.
-    held = 1 + MTP_LAYER_SLOTS * mtp_layers if mtp_layers else 0
+    held = mtp_room(mtp_layers)
     top = (num_layers + max(2, held)) // pp if uneven else num_layers // pp
     for vpp in range(2, top + 1):
         if not _allowed(space.vpp, vpp):
             continue
         chunks = pp * vpp
-        mtp_room = (
+        room_splits_evenly = (
             uneven
             and held
             and (num_layers + held) % chunks == 0
             and (num_layers + held) // chunks >= held
         )
-        if num_layers % chunks == 0 or mtp_room:
+        if num_layers % chunks == 0 or room_splits_evenly:
             split = 0
         elif uneven and (num_layers + 2) % chunks == 0:
             split = 1
