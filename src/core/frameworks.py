@@ -44,8 +44,6 @@ class FrameworkTraits:
     uneven_pipeline: bool
     dp_bucket_bytes: int
     """Gradient bucket memory outside the gradient buffer (DDP/DeepSpeed buckets)."""
-    grad_accumulation_sync: bool
-    """FSDP reduce-scatters gradients every micro-batch (no no_sync)."""
 
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {
@@ -64,7 +62,6 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         expert_tp=True,
         uneven_pipeline=True,
         dp_bucket_bytes=0,
-        grad_accumulation_sync=False,
     ),
     "torchtitan": FrameworkTraits(
         name="torchtitan",
@@ -81,7 +78,6 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         expert_tp=True,
         uneven_pipeline=True,
         dp_bucket_bytes=50 * MiB,
-        grad_accumulation_sync=True,
     ),
     "mindformers": FrameworkTraits(
         name="mindformers",
@@ -98,7 +94,6 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         expert_tp=True,
         uneven_pipeline=True,
         dp_bucket_bytes=0,
-        grad_accumulation_sync=False,
     ),
     "deepspeed": FrameworkTraits(
         name="deepspeed",
@@ -115,7 +110,6 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         expert_tp=False,
         uneven_pipeline=False,
         dp_bucket_bytes=2 * 500_000_000 * 2,
-        grad_accumulation_sync=False,
     ),
 }
 

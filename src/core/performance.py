@@ -602,8 +602,10 @@ class NdplanCostModel:
         self, ctx: PricingContext, layout: Layout, stage: StagePlacement, parts: Mapping[str, float]
     ) -> float:
         """ZeRO-3/FSDP per micro-batch: gather parameters for the forward and again for the
-        backward, reduce-scatter gradients (every micro-batch where the framework syncs
-        each one), each hidden behind the compute it precedes."""
+        backward, reduce-scatter the gradients, each hidden behind the compute it precedes.
+        Sharded gradients are reduced after every backward in every framework: a rank keeps
+        only its shard, so it cannot wait for the last micro-batch (Megatron-FSDP
+        accumulates the reduce-scatter outputs, DeepSpeed ZeRO-2/3 and FSDP2 likewise)."""
         if layout.zero < 3 or ctx.settings.finetune == "lora":
             return 0.0
         ov = self.overlap(ctx)
@@ -611,12 +613,8 @@ class NdplanCostModel:
         # Compute already hiding the CP ring cannot hide the gathers as well.
         fwd = parts["forward"] - getattr(parts, "cp_hidden_forward", 0.0)
         bwd = parts["backward"] + parts["recompute"] - getattr(parts, "cp_hidden_backward", 0.0)
-        m = layout.num_microbatches
-        sync = 1.0 if ctx.framework.grad_accumulation_sync else 1.0 / m
-        raw = 2 * gather + sync * scatter
-        exposed = max(0.0, gather - ov.fsdp * fwd) + max(
-            0.0, gather + sync * scatter - ov.fsdp * bwd
-        )
+        raw = 2 * gather + scatter
+        exposed = max(0.0, gather - ov.fsdp * fwd) + max(0.0, gather + scatter - ov.fsdp * bwd)
         return exposed + self._calibration(ctx).interference * (raw - exposed)
 
     def _dp_volumes(
@@ -739,13 +737,12 @@ class NdplanCostModel:
         """Per-step exposed data-parallel communication and the optimizer step.
 
         Gradients reduce (ZeRO-0: all-reduce; ZeRO-1/2: reduce-scatter, every micro-batch
-        for ZeRO-2 under FSDP-style frameworks) under the last backward of the pipeline,
+        for ZeRO-2, whose sharded gradients cannot wait) under the last backward of the pipeline,
         and ZeRO-1/2 parameters gather under the first forward; the busiest stage's
         volume decides. ZeRO-3 gathers per micro-batch and is part of the stage time.
         The optimizer step is the slowest stage's update.
         """
         ov = self.overlap(ctx)
-        fw = ctx.framework
         m = layout.num_microbatches
         roles = {}
         for stage in stages:
@@ -758,7 +755,7 @@ class NdplanCostModel:
             if layout.zero == 0:
                 scatter = 2 * scatter  # an all-reduce moves twice a reduce-scatter's bytes
                 gather = 0.0
-            elif layout.zero == 2 and fw.grad_accumulation_sync:
+            elif layout.zero == 2:
                 scatter *= m
             elif layout.zero >= 3:
                 gather = scatter = 0.0

@@ -121,12 +121,6 @@ def pipeline_s(time) -> float:
     return time.step_s - p["dp_comm"] - p["optimizer"] - p["overhead"]
 
 
-def with_sync(ctx: PricingContext, sync: bool) -> PricingContext:
-    """The context's framework, gradients reduced every micro-batch (or once per step)."""
-    ctx.cache["framework"] = dataclasses.replace(ctx.framework, grad_accumulation_sync=sync)
-    return ctx
-
-
 def overlap_model(**overlap: float) -> NdplanCostModel:
     return NdplanCostModel(Calibration(overlap={"default": Overlap(**overlap)}, step_overhead_s=0))
 
@@ -343,8 +337,8 @@ def test_stage_seconds_carry_the_fsdp_part_and_the_step_pays_it_every_micro_batc
     (stage,) = ctx.placement(layout)
     secs = cm.stage_seconds(ctx, layout, stage, [(0, 1, 8, frozenset())])
     ((gather, scatter),) = volumes(cm, ctx, layout)
-    # Megatron syncs gradients once per step: the scatter is spread over the m micro-batches.
-    assert secs["dp_comm"] == pytest.approx(2 * gather + scatter / 4, rel=1e-12)
+    # Sharded gradients are reduce-scattered after every micro-batch's backward.
+    assert secs["dp_comm"] == pytest.approx(2 * gather + scatter, rel=1e-12)
     time = cm.step(ctx, layout, [stage], [secs])
     assert time.parts["dp_comm"] == 4 * secs["dp_comm"]
     assert math.isclose(
@@ -642,13 +636,11 @@ def test_forced_switches_recompute_with_an_empty_set() -> None:
 
 def dp_case(
     zero: int, window_fwd: float, window_bwd: float, overlap: float = 0.9, *,
-    m: int = 2, sync: bool | None = None, **job,
+    m: int = 2, **job,
 ):  # fmt: skip
     """Per-step exposed DP communication and optimizer of a one-stage, dp = 4 layout."""
     layout = Layout(dp=4, num_microbatches=m, zero=zero)
     ctx = make_ctx(layout, **job)
-    if sync is not None:
-        with_sync(ctx, sync)
     cm = overlap_model(dp=overlap, fsdp=overlap)
     stages = ctx.placement(layout)
     dp, opt = cm.data_parallel_and_optimizer(ctx, layout, stages, window_fwd, window_bwd)
@@ -719,25 +711,23 @@ def test_distributed_optimizer_scatter_and_gather_clamp_separately() -> None:
     assert dp_case(1, 100.0, 100.0)[0] == 0.0
     partly = dp_case(1, 0.5 * gather / 0.9, 0.25 * scatter / 0.9)[0]
     assert partly == pytest.approx(0.75 * scatter + 0.5 * gather, rel=1e-9)
-    # ZeRO-1 reduces once per step even where the framework syncs every micro-batch.
-    assert dp_case(1, 0.0, 0.0, m=5, sync=True)[0] == pytest.approx(scatter + gather, rel=1e-12)
+    # ZeRO-1 keeps whole gradients and reduces them once per step, whatever m.
+    assert dp_case(1, 0.0, 0.0, m=5)[0] == pytest.approx(scatter + gather, rel=1e-12)
 
 
-@pytest.mark.parametrize(("sync", "m", "scatters"), [(True, 3, 3), (True, 1, 1), (False, 3, 1)])
-def test_zero2_reduces_every_micro_batch_where_the_framework_syncs(
-    sync: bool, m: int, scatters: int
-) -> None:
-    _, dense, _, link, _ = dp_case(2, 0.0, 0.0, m=m, sync=sync)
+@pytest.mark.parametrize("framework", ["deepspeed", "torchtitan"])
+@pytest.mark.parametrize("m", [1, 3])
+def test_zero2_reduces_every_micro_batch(framework: str, m: int) -> None:
+    """A ZeRO-2 rank keeps only its gradient shard, so every backward reduce-scatters."""
+    _, dense, _, link, _ = dp_case(2, 0.0, 0.0, m=m, framework=framework, grad_reduce_dtype="fp32")
     scatter = reduce_scatter_s(link, dense * 4)
     gather = all_gather_s(link, dense * 2)
-    assert dp_case(2, 0.0, 0.0, m=m, sync=sync)[0] == pytest.approx(
-        scatters * scatter + gather, rel=1e-12
-    )
+    got = dp_case(2, 0.0, 0.0, m=m, framework=framework, grad_reduce_dtype="fp32")[0]
+    assert got == pytest.approx(m * scatter + gather, rel=1e-12)
     # The m scatters hide under one backward window.
     window = 1.5 * scatter / 0.9
-    assert dp_case(2, 0.0, window, m=m, sync=sync)[0] == pytest.approx(
-        max(0.0, (scatters - 1.5) * scatter) + gather, rel=1e-9
-    )
+    got = dp_case(2, 0.0, window, m=m, framework=framework, grad_reduce_dtype="fp32")[0]
+    assert got == pytest.approx(max(0.0, (m - 1.5) * scatter) + gather, rel=1e-9)
 
 
 @pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
@@ -760,13 +750,12 @@ def test_lora_reduces_no_gradients() -> None:
 # ----------------------------------------------------------------------------- FSDP per micro-batch
 
 
-@pytest.mark.parametrize(("framework", "sync"), [("megatron", 1 / 3), ("torchtitan", 1.0)])
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
 @pytest.mark.parametrize("overlap", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("recompute", [frozenset(), None])
-def test_fsdp_stage_part_by_hand(framework: str, sync: float, overlap: float, recompute) -> None:
+def test_fsdp_stage_part_by_hand(framework: str, overlap: float, recompute) -> None:
     """Per micro-batch: gather for the forward, hidden behind it; gather again and scatter
-    the gradients (1/m of a scatter where gradients sync once per step), hidden behind the
-    backward and its recompute."""
+    the gradients, hidden behind the backward and its recompute."""
     layout = Layout(dp=4, zero=3, num_microbatches=3, mbs=1)
     ctx = make_ctx(layout, framework=framework, seq=1024)
     cm = overlap_model(fsdp=overlap)
@@ -776,12 +765,12 @@ def test_fsdp_stage_part_by_hand(framework: str, sync: float, overlap: float, re
     scatter = 3 / 4 * 4 * dense / H100_UP + 3 * H100_ALPHA  # fp32 gradients in both
     secs = cm.stage_seconds(ctx, layout, stage, [(0, 1, 8, recompute)])
     fwd, bwd = secs["forward"], secs["backward"] + secs["recompute"]
-    expected = max(0.0, gather - overlap * fwd) + max(0.0, gather + sync * scatter - overlap * bwd)
+    expected = max(0.0, gather - overlap * fwd) + max(0.0, gather + scatter - overlap * bwd)
     assert secs["dp_comm"] == pytest.approx(expected, rel=1e-12)
     if overlap == 0.0:
-        assert secs["dp_comm"] == pytest.approx(2 * gather + sync * scatter, rel=1e-12)
+        assert secs["dp_comm"] == pytest.approx(2 * gather + scatter, rel=1e-12)
     elif overlap == 1.0:
-        assert 0 < secs["dp_comm"] < gather + sync * scatter  # partly hidden
+        assert 0 < secs["dp_comm"] < gather + scatter  # partly hidden
     # The other parts are the stage's without FSDP.
     plain = cm.stage_seconds(ctx, layout.model_copy(update={"zero": 1}), stage,
                              [(0, 1, 8, recompute)])  # fmt: skip
@@ -820,7 +809,7 @@ def test_compute_hiding_the_cp_ring_cannot_hide_the_fsdp_traffic() -> None:
     attention and the 0.6 s backward one behind half of its 2.5 s; that compute is
     recorded on the stage and taken out of the FSDP windows."""
     layout = Layout(cp=2, dp=2, zero=3, num_microbatches=2)
-    ctx = with_sync(make_ctx(layout), True)
+    ctx = make_ctx(layout)
     (stage,) = ctx.placement(layout)
     assignment = [(0, 1, 8, frozenset())]
     cost = fixed_cost(
@@ -839,7 +828,6 @@ def test_compute_hiding_the_cp_ring_cannot_hide_the_fsdp_traffic() -> None:
     # Half overlap: the ring's transfers are partly exposed, hiding less compute.
     cm = FixedVolumes(cost, Overlap(cp=0.5, fsdp=1.0), gather=30.0, scatter=25.0)
     ctx.cache.clear()
-    with_sync(ctx, True)
     secs = cm.stage_seconds(ctx, layout, stage, assignment)
     hidden_f, hidden_b = 8 * min(0.3, 0.5 * 0.5), 8 * min(0.6, 0.5 * 2.5 * 0.5)
     assert secs.cp_hidden_forward == pytest.approx(hidden_f)
