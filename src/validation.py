@@ -181,7 +181,9 @@ FP4_FIELD = "gemm_fp4"
 """Fitted only for the generations that have fp4 rows (elsewhere nothing constrains it)."""
 GROUPED_BF16_FIELD = "grouped_gemm_bf16"
 """Fitted only for the generations that have bf16 MoE rows (elsewhere nothing constrains it)."""
-OPTIONAL_FIELDS = (FP4_FIELD, GROUPED_BF16_FIELD)
+MXFP8_FIELD = "gemm_mxfp8"
+"""Fitted only for the generations that have MXFP8 rows."""
+OPTIONAL_FIELDS = (FP4_FIELD, GROUPED_BF16_FIELD, MXFP8_FIELD)
 SHARED_FIELDS = (
     ("hbm", 0.4, 0.95),
     ("scale_up_bus", 0.3, 0.95),
@@ -200,18 +202,19 @@ BOUNDS = {
     "attention": (0.15, 0.95),
     FP4_FIELD: (0.15, 0.95),
     GROUPED_BF16_FIELD: (0.15, 0.95),
+    MXFP8_FIELD: (0.15, 0.95),
 }
 
 
 class CalibrationSpace:
     """The fitted parameters as a vector, and back: per device generation the GEMM and
-    attention efficiencies (and the fp4 and bf16 routed-expert GEMM efficiencies where
-    rows constrain them); shared HBM and link efficiencies, the small-GEMM knee and the
+    attention efficiencies (and the fp4, MXFP8 and bf16 routed-expert GEMM efficiencies
+    where rows constrain them); shared HBM and link efficiencies, the small-GEMM knee and the
     per-kernel gap; per framework the overlap fractions; the per-step overhead.
 
-    ``fp4_families`` / ``grouped_bf16_families``: the generations whose fp4 GEMM /
-    bf16 routed-expert GEMM efficiency is fitted; by default those the base calibration
-    already gives one."""
+    ``fp4_families`` / ``grouped_bf16_families`` / ``mxfp8_families``: the generations
+    whose fp4 GEMM / bf16 routed-expert GEMM / MXFP8 GEMM efficiency is fitted; by
+    default those the base calibration already gives one."""
 
     def __init__(
         self,
@@ -219,10 +222,15 @@ class CalibrationSpace:
         families: Iterable[str],
         fp4_families: Iterable[str] | None = None,
         grouped_bf16_families: Iterable[str] | None = None,
+        mxfp8_families: Iterable[str] | None = None,
     ) -> None:
         self.base = base
         self.families = sorted(set(families))
-        given = {FP4_FIELD: fp4_families, GROUPED_BF16_FIELD: grouped_bf16_families}
+        given = {
+            FP4_FIELD: fp4_families,
+            GROUPED_BF16_FIELD: grouped_bf16_families,
+            MXFP8_FIELD: mxfp8_families,
+        }
         self.optional: dict[str, list[str]] = {}
         for name, fams in given.items():
             if fams is None:
@@ -269,7 +277,7 @@ class CalibrationSpace:
                     continue
                 value = getattr(eff, tail)
                 if value is None:  # not fitted yet: start where the figure it replaces is
-                    value = eff.gemm_low_precision if tail == FP4_FIELD else eff.gemm
+                    value = eff.gemm if tail == GROUPED_BF16_FIELD else eff.gemm_low_precision
                 values.append(value)
         return np.asarray(values, dtype=float)
 
@@ -343,7 +351,8 @@ def fit_calibration(
 
     fp4 = {family(c) for c in usable if c.job.precision == "fp4"}
     bf16_moe = {family(c) for c in usable if c.moe and c.job.precision in ("bf16", "fp16")}
-    space = CalibrationSpace(base, {family(c) for c in usable}, fp4, bf16_moe)
+    mxfp8 = {family(c) for c in usable if c.job.precision == "mxfp8"}
+    space = CalibrationSpace(base, {family(c) for c in usable}, fp4, bf16_moe, mxfp8)
     per_source: dict[str, int] = defaultdict(int)
     for c in usable:
         per_source[c.source] += 1

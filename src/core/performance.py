@@ -186,9 +186,8 @@ class NdplanCostModel:
         job = ctx.settings
         lp = job.is_low_precision if low_precision is None else low_precision
         flops = 2.0 * m * k * n
-        precision = job.gemm_precision if lp else "bf16"
-        peak = ctx.device.peak_flops(precision)
-        top = eff.gemm_fraction(precision, routed)
+        peak = ctx.device.peak_flops(job.gemm_precision if lp else "bf16")
+        top = eff.gemm_fraction(job.precision if lp else "bf16", routed)
         half = (eff.grouped_gemm_half_gflop if grouped else eff.gemm_half_gflop) * 1e9
         efficiency = top * flops / (flops + half) if half > 0 else top
         compute = flops / (peak * efficiency)
@@ -238,13 +237,18 @@ class NdplanCostModel:
             count: float = 1.0,
             low_precision: bool | None = None,
             routed: bool = False,
+            gathered: bool = False,
         ) -> None:
             nonlocal flops
             fwd = self._gemm_s(
                 ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed
             )
             if (low_precision is None and lp) or low_precision:
-                fwd += self._hbm_s(ctx, cast * m * k * count)
+                # A column-parallel input that arrives through the SP all-gather is
+                # quantised on the rank's own shard before the gather (Transformer
+                # Engine), so the cast is not repeated on every TP rank.
+                cast_rows = m / sigma if gathered else m
+                fwd += self._hbm_s(ctx, cast * cast_rows * k * count)
             # Frozen weights (LoRA) need no weight-gradient GEMM: the backward is dgrad only.
             ops.append(Op(name, fwd, backward_gemms * fwd, frozenset(switches), kernels=2))
             f = 2.0 * m * k * nn * count
@@ -268,7 +272,7 @@ class NdplanCostModel:
         if isinstance(att, StandardAttention):
             q_w = att.num_heads * att.head_dim * (2 if att.output_gate else 1)
             kv_w = max(att.num_kv_heads, t) * att.head_dim
-            gemm("qkv_proj", n, h, (q_w + 2 * kv_w) / t)
+            gemm("qkv_proj", n, h, (q_w + 2 * kv_w) / t, gathered=True)
             if att.qk_norm:
                 elementwise("qk_norm", 2 * ab * n * (q_w + kv_w) / t, ("norm",))
             elementwise("rope", 2 * ab * n * (att.num_heads * att.head_dim + kv_w) / t)
@@ -301,7 +305,13 @@ class NdplanCostModel:
             lin: LinearAttention = att
             key_w = lin.num_key_heads * lin.key_head_dim
             val_w = lin.num_value_heads * lin.value_head_dim
-            gemm("in_proj", n, h, (2 * key_w + 2 * val_w + 2 * lin.num_value_heads) / t)
+            gemm(
+                "in_proj",
+                n,
+                h,
+                (2 * key_w + 2 * val_w + 2 * lin.num_value_heads) / t,
+                gathered=True,
+            )
             elementwise("conv_gates", 4 * ab * n * (2 * key_w + val_w) / t, ("core_attn",))
             att_flops = n * core_attention_flops(lin, seq, "causal") / t
             gemm("out_proj", n, val_w / t, h)
@@ -330,7 +340,7 @@ class NdplanCostModel:
         ep_fwd = 0.0
         if isinstance(ffn, DenseFFN):
             width = ffn.intermediate_size
-            gemm("fc1", n, h, (2 if ffn.gated else 1) * width / t)
+            gemm("fc1", n, h, (2 if ffn.gated else 1) * width / t, gathered=True)
             elementwise("activation", (3 if ffn.gated else 2) * ab * n * width / t, ("act",))
             gemm("fc2", n, width / t, h)
         else:
@@ -368,7 +378,13 @@ class NdplanCostModel:
                 routed=True,
             )
             if moe.shared_intermediate_size:
-                gemm("shared_fc1", n, h, (2 if moe.gated else 1) * moe.shared_intermediate_size / t)
+                gemm(
+                    "shared_fc1",
+                    n,
+                    h,
+                    (2 if moe.gated else 1) * moe.shared_intermediate_size / t,
+                    gathered=True,
+                )
                 elementwise(
                     "shared_activation",
                     (3 if moe.gated else 2) * ab * n * moe.shared_intermediate_size / t,
@@ -381,20 +397,21 @@ class NdplanCostModel:
                 ep_fwd = 2 * all_to_all_s(links.ep, per_rank)
 
         # TP: SP gathers/scatters (or all-reduces) of the hidden state, twice per layer
-        # each way (attention and FFN blocks).
+        # each way (attention and FFN blocks). In low precision the gathered linear inputs
+        # travel quantised (one byte an element); gradients travel in bf16.
         tp_bytes = n * h * ab
         if t > 1:
             if sp:
-                tp_fwd = 2 * (
-                    all_gather_s(links.tp, tp_bytes) + reduce_scatter_s(links.tp, tp_bytes)
-                )
-                regather = 2 * all_gather_s(links.tp, tp_bytes)
+                gather_bytes = n * h * (1.0 if lp else ab)
+                scatter = reduce_scatter_s(links.tp, tp_bytes)
+                tp_fwd = 2 * (all_gather_s(links.tp, gather_bytes) + scatter)
+                tp_bwd = 2 * (all_gather_s(links.tp, tp_bytes) + scatter)
+                regather = 2 * all_gather_s(links.tp, gather_bytes)
             else:
-                tp_fwd = 2 * all_reduce_s(links.tp, tp_bytes)
+                tp_fwd = tp_bwd = 2 * all_reduce_s(links.tp, tp_bytes)
                 regather = 0.0
         else:
-            tp_fwd = regather = 0.0
-        tp_bwd = tp_fwd
+            tp_fwd = tp_bwd = regather = 0.0
 
         # CP: ring passes K/V blocks around (cp − 1 steps), hidden behind the previous
         # block's attention; the backward moves K/V and their gradients. All-to-all

@@ -212,6 +212,21 @@ def test_bf16_expert_efficiency_is_fitted_only_where_bf16_moe_rows_are() -> None
     assert cal.devices["ampere"].grouped_gemm_bf16 is None
 
 
+def test_mxfp8_efficiency_is_fitted_only_where_mxfp8_rows_are() -> None:
+    space = CalibrationSpace(Calibration(), ["hopper", "blackwell"], mxfp8_families=["blackwell"])
+    names = [p.name for p in space.params]
+    assert "blackwell.gemm_mxfp8" in names and "hopper.gemm_mxfp8" not in names
+    start = dict(zip(names, space.start(), strict=True))
+    # Not fitted yet: it starts where the per-tensor fp8 share is.
+    assert start["blackwell.gemm_mxfp8"] == Calibration().default.gemm_low_precision
+    x = space.start()
+    x[names.index("blackwell.gemm_mxfp8")] = 0.42
+    cal = space.calibration(x)
+    assert cal.devices["blackwell"].gemm_mxfp8 == 0.42
+    assert cal.devices["hopper"].gemm_mxfp8 is None
+    assert "blackwell.gemm_mxfp8" in [p.name for p in CalibrationSpace(cal, ["blackwell"]).params]
+
+
 def test_fp8_share_never_exceeds_bf16s() -> None:
     """The fit moves fp8's share of its peak as a ratio to bf16's, at most 1."""
     space = CalibrationSpace(Calibration(), ["blackwell"])

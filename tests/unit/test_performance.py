@@ -923,6 +923,25 @@ def test_fp4_gemms_have_their_own_efficiency() -> None:
         assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (4500e12 * 0.5), rel=1e-12)
 
 
+def test_mxfp8_gemms_have_their_own_efficiency() -> None:
+    """MXFP8 GEMMs run at ``gemm_mxfp8`` of the fp8 peak when it is set; per-tensor fp8,
+    blockwise fp8 and fp4 keep theirs, and an unfitted share falls back to fp8's."""
+    m = k = n = 8192
+    flops = 2.0 * m * k * n
+    b200 = DEVICES["b200"]
+    fit = {"gemm_low_precision": 0.5, "gemm_mxfp8": 0.45, "gemm_fp4": 0.3, "gemm_half_gflop": 0.0}
+    ctx, cm = gemm_ctx("mxfp8", device=b200, **fit)
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (4500e12 * 0.45), rel=1e-12)
+    assert cm._gemm_s(ctx, m, k, n, routed=True) == pytest.approx(flops / (4500e12 * 0.45))
+    for recipe in ("fp8", "fp8-blockwise"):
+        ctx, cm = gemm_ctx(recipe, device=b200, **fit)
+        assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (4500e12 * 0.5), rel=1e-12)
+    ctx, cm = gemm_ctx("fp4", device=b200, **fit)
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (9000e12 * 0.3), rel=1e-12)
+    ctx, cm = gemm_ctx("mxfp8", device=b200, **{**fit, "gemm_mxfp8": None})
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (4500e12 * 0.5), rel=1e-12)
+
+
 def test_bf16_routed_expert_gemms_have_their_own_efficiency() -> None:
     """Routed experts' grouped GEMMs in bf16 run at ``grouped_gemm_bf16``; dense bf16
     GEMMs (the head, attention projections) and low-precision experts keep theirs."""
@@ -979,6 +998,42 @@ def test_sp_gathers_and_scatters_cost_the_same_as_all_reduces() -> None:
     link = cm.links(ctx, Layout(tp=4)).tp
     assert sp.sp_regather_s == pytest.approx(2 * all_gather_s(link, 4096 * 2048 * 2))
     assert plain.sp_regather_s == 0.0
+
+
+def test_low_precision_sp_gathers_move_one_byte_elements() -> None:
+    """fp8 under SP: the forward gathers (and their backward re-gather) carry the
+    quantised linear inputs; the reduce-scatters and the backward's gradient gathers
+    stay bf16. bf16 moves two bytes everywhere."""
+    layout = Layout(tp=4, sp=True, num_microbatches=2)
+    cm = NdplanCostModel(NO_OVERHEAD)
+    link = cm.links(make_ctx(layout), layout).tp
+    n, h = 4096, 2048
+    ag = {b: all_gather_s(link, n * h * b) for b in (1, 2)}
+    rs = reduce_scatter_s(link, n * h * 2)
+    fp8 = cm.layer_cost(make_ctx(layout, precision="fp8"), layout, DENSE)
+    assert fp8.tp_forward_s == pytest.approx(2 * (ag[1] + rs), rel=1e-12)
+    assert fp8.tp_backward_s == pytest.approx(2 * (ag[2] + rs), rel=1e-12)
+    assert fp8.sp_regather_s == pytest.approx(2 * ag[1], rel=1e-12)
+    bf16 = cm.layer_cost(make_ctx(layout), layout, DENSE)
+    assert bf16.tp_forward_s == bf16.tp_backward_s == pytest.approx(2 * (ag[2] + rs), rel=1e-12)
+
+
+def test_gathered_linear_inputs_are_quantised_on_the_rank_shard() -> None:
+    """Under SP the column-parallel inputs (QKV, FC1) are cast to fp8 on the rank's
+    n/t tokens before the gather; without SP every rank holds (and casts) all n. The
+    row-parallel inputs are the rank's own either way."""
+    cm = NdplanCostModel(Calibration(default=DeviceEfficiency(hbm=1.0)))
+    ops = {}
+    for sp in (True, False):
+        layout = Layout(tp=4, sp=sp, num_microbatches=2)
+        cost = cm.layer_cost(make_ctx(layout, precision="fp8"), layout, DENSE)
+        ops[sp] = {op.name: op.forward_s for op in cost.ops}
+    n, h, cast = 4096, 2048, 2 + 2  # read bf16, write two fp8 layouts
+    saved = cast * (n - n / 4) * h / 3350e9
+    for name in ("qkv_proj", "fc1"):
+        assert ops[False][name] - ops[True][name] == pytest.approx(saved, rel=1e-9)
+    for name in ("out_proj", "fc2"):
+        assert ops[False][name] == pytest.approx(ops[True][name], rel=1e-12)
 
 
 def test_cp_ring_by_hand() -> None:
