@@ -182,21 +182,28 @@ def test_calibration_space_round_trips_a_vector(families: list[str], seed: int) 
             assert again.devices[fam].gemm == pytest.approx(x[names.index(f"{fam}.gemm")])
 
 
-def test_fp4_efficiency_is_fitted_only_where_fp4_rows_are() -> None:
-    space = CalibrationSpace(Calibration(), ["hopper", "blackwell"], fp4_families=["blackwell"])
+@pytest.mark.parametrize(
+    ("field", "families_arg"), [("gemm_fp4", "fp4_families"), ("gemm_mxfp8", "mxfp8_families")]
+)
+def test_low_precision_recipe_efficiency_is_fitted_only_where_its_rows_are(
+    field: str, families_arg: str
+) -> None:
+    space = CalibrationSpace(
+        Calibration(), ["hopper", "blackwell"], **{families_arg: ["blackwell"]}
+    )
     names = [p.name for p in space.params]
-    assert "blackwell.gemm_fp4" in names and "hopper.gemm_fp4" not in names
+    assert f"blackwell.{field}" in names and f"hopper.{field}" not in names
     start = dict(zip(names, space.start(), strict=True))
-    # Not fitted yet: the fp4 efficiency starts where the fp8 one is.
-    assert start["blackwell.gemm_fp4"] == Calibration().default.gemm_low_precision
+    # Not fitted yet: the recipe's efficiency starts where the per-tensor fp8 one is.
+    assert start[f"blackwell.{field}"] == Calibration().default.gemm_low_precision
     x = space.start()
-    x[names.index("blackwell.gemm_fp4")] = 0.3
+    x[names.index(f"blackwell.{field}")] = 0.3
     cal = space.calibration(x)
-    assert cal.devices["blackwell"].gemm_fp4 == 0.3
-    assert cal.devices["hopper"].gemm_fp4 is None
-    assert cal.default.gemm_fp4 == 0.3  # the mean of the fitted generations
+    assert getattr(cal.devices["blackwell"], field) == 0.3
+    assert getattr(cal.devices["hopper"], field) is None
+    assert getattr(cal.default, field) == 0.3  # the mean of the fitted generations
     # A calibration that has it is refitted with it.
-    assert "blackwell.gemm_fp4" in [p.name for p in CalibrationSpace(cal, ["blackwell"]).params]
+    assert f"blackwell.{field}" in [p.name for p in CalibrationSpace(cal, ["blackwell"]).params]
 
 
 def test_bf16_expert_efficiency_is_fitted_only_where_bf16_moe_rows_are() -> None:
@@ -210,21 +217,6 @@ def test_bf16_expert_efficiency_is_fitted_only_where_bf16_moe_rows_are() -> None
     cal = space.calibration(x)
     assert cal.devices["hopper"].grouped_gemm_bf16 == 0.35
     assert cal.devices["ampere"].grouped_gemm_bf16 is None
-
-
-def test_mxfp8_efficiency_is_fitted_only_where_mxfp8_rows_are() -> None:
-    space = CalibrationSpace(Calibration(), ["hopper", "blackwell"], mxfp8_families=["blackwell"])
-    names = [p.name for p in space.params]
-    assert "blackwell.gemm_mxfp8" in names and "hopper.gemm_mxfp8" not in names
-    start = dict(zip(names, space.start(), strict=True))
-    # Not fitted yet: it starts where the per-tensor fp8 share is.
-    assert start["blackwell.gemm_mxfp8"] == Calibration().default.gemm_low_precision
-    x = space.start()
-    x[names.index("blackwell.gemm_mxfp8")] = 0.42
-    cal = space.calibration(x)
-    assert cal.devices["blackwell"].gemm_mxfp8 == 0.42
-    assert cal.devices["hopper"].gemm_mxfp8 is None
-    assert "blackwell.gemm_mxfp8" in [p.name for p in CalibrationSpace(cal, ["blackwell"]).params]
 
 
 def test_fp8_share_never_exceeds_bf16s() -> None:
