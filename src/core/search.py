@@ -4,7 +4,7 @@ Order of work:
 1. the loop nest over divisors, each refusal counted under a named reason;
 2. per candidate, memory with every layer fully recomputed (the lightest option):
    over the budget → dropped; and a lower bound on the step time (every layer at
-   its fastest option);
+   its fastest option, plus the least recompute time that saves what that overflows);
 3. candidates sorted by bound; priced (recompute knapsack per stage, then the time
    model) in fixed-size batches, stopping once the K-th best beats the next bound
    — the rest are ``bounded``. Batches are fixed, so the set of priced candidates
@@ -483,7 +483,8 @@ class SearchPricing:
         return m * w / pp + overhead
 
     def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
-        """Memory at full recompute, and the lower bound on time (all layers at their fastest)."""
+        """Memory at full recompute, and the lower bound on time (``auto``: all layers at
+        their fastest, plus the least recompute time that saves their overflow)."""
         out = []
         pricer = self.pricer
         for c in candidates:
@@ -497,17 +498,15 @@ class SearchPricing:
                 out.append(Screened(False, math.inf, miss.stage, miss.over_bytes))
                 continue
             if layout.recompute == "auto":
-                bound_layout = layout.model_copy(update={"recompute": "none"})
-            else:
-                bound_layout = layout
-            priced = pricer.price(bound_layout)
-            fits = True
-            if layout.recompute != "auto" and not priced.fits:
+                out.append(Screened(True, pricer.auto_lower_bound(layout), -1, 0))
+                continue
+            priced = pricer.price(layout)
+            if not priced.fits:
                 # A fixed policy that overflows is over memory as stated.
                 over = priced.peak_bytes - pricer.ctx.budget_bytes
                 out.append(Screened(False, math.inf, priced.peak_stage, over))
                 continue
-            out.append(Screened(fits, priced.time.step_s, -1, 0))
+            out.append(Screened(True, priced.time.step_s, -1, 0))
         return out
 
     def price(self, candidates: Sequence[Candidate]) -> list[Priced]:
