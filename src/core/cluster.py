@@ -67,6 +67,10 @@ class DeviceSpec(Frozen):
     scale_up: ScaleUpLink
     scale_out: Link
     host_link: Link
+    fp8_any_layout: bool = False
+    """Its tensor cores take fp8 operands in any layout (Blackwell). Hopper's fp8 GEMMs
+    are TN only, so a per-tensor-scaled fp8 tensor is also kept transposed there; block
+    scales run along one direction, so block-scaled recipes keep both copies anyway."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Public source of each figure."""
     notes: str = ""

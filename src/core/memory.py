@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .cluster import DeviceSpec
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import KindParameters
 from .layout import Layout
@@ -35,7 +36,8 @@ LINEAR_INPUT_BYTES = {
     "fp4": 0.5 + 1 / 16,
 }
 # Extra bytes per linear weight kept as a low-precision copy across micro-batches
-# (both orientations: rowwise for fprop, columnwise for dgrad/wgrad).
+# (both orientations: rowwise for fprop, columnwise for dgrad/wgrad; see
+# low_precision_copies for devices that need only one).
 LOW_PRECISION_WEIGHT_BYTES = {
     "bf16": 0.0,
     "fp16": 0.0,
@@ -45,6 +47,13 @@ LOW_PRECISION_WEIGHT_BYTES = {
     "fp4": 2.0 * (0.5 + 1 / 16),
 }
 ACTIVATION_BYTES = 2  # bf16/fp16 activations, also under fp8 recipes
+
+
+def low_precision_copies(precision: str, device: DeviceSpec) -> int:
+    """Orientations a quantised tensor is kept in: per-tensor-scaled fp8 needs only the
+    rowwise one where the tensor cores take fp8 in any layout (Transformer Engine then
+    skips the columnwise copy); elsewhere, and for block scales, both."""
+    return 1 if precision == "fp8" and device.fp8_any_layout else 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,9 +339,9 @@ class NdplanMemoryModel:
                 parts["weights"] = 2.0 * (dense / dense_shard + expert / expert_shard)
         if job.is_low_precision:
             shard = dense_shard if layout.zero >= 3 else 1
-            parts["low_precision_weights"] = (
-                LOW_PRECISION_WEIGHT_BYTES[job.precision] * linear / shard
-            )
+            per_weight = LOW_PRECISION_WEIGHT_BYTES[job.precision] / 2
+            copies = low_precision_copies(job.precision, ctx.device)
+            parts["low_precision_weights"] = per_weight * copies * linear / shard
         return parts
 
     def _buffer_parts(

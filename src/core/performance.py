@@ -28,7 +28,7 @@ from .collectives import (
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import core_attention_flops, count_flops
 from .layout import Layout
-from .memory import ACTIVATION_BYTES, NdplanMemoryModel, padded_vocab
+from .memory import ACTIVATION_BYTES, NdplanMemoryModel, low_precision_copies, padded_vocab
 from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
 from .plan import TimeBreakdown
 from .ports import Recompute
@@ -220,9 +220,9 @@ class NdplanCostModel:
         ab = ACTIVATION_BYTES
         lp = job.is_low_precision
         backward_gemms = 1.0 if job.finetune == "lora" else 2.0
-        cast = (
-            (ab + 2.0) if lp else 0.0
-        )  # quantise a linear input: read bf16, write two fp8 layouts
+        # Quantise a linear input: read bf16, write its fp8 layouts (one where the
+        # tensor cores take per-tensor fp8 in any layout, else rowwise and columnwise).
+        cast = ab + low_precision_copies(job.precision, ctx.device) if lp else 0.0
         links = self.links(ctx, layout)
         ops: list[Op] = []
         rec_flops: dict[str, float] = {}

@@ -293,6 +293,23 @@ def test_fp8_adds_low_precision_weight_copies(planner: Planner, precision: str) 
         assert low[part] == plain[part]
 
 
+@pytest.mark.parametrize(("precision", "copies"), [("fp8", 1), ("mxfp8", 2), ("fp8-blockwise", 2)])
+def test_blackwell_keeps_one_orientation_of_per_tensor_fp8_weights(
+    planner: Planner, precision: str, copies: int
+) -> None:
+    """Blackwell's tensor cores take fp8 in any layout, so per-tensor fp8 weights need no
+    transposed copy; block-scaled recipes keep both orientations on any device."""
+    model = llama()
+    layout = Layout(dp=4, tp=2, zero=1, num_microbatches=2)
+    job = Job(global_batch_size=8, seq_length=4096, precision=precision)
+    parts = {}
+    for device in ("h100-sxm", "b200"):
+        ctx = planner.context(model, planner.device(device), layout.devices, job)
+        (parts[device],) = static_parts(ctx, layout)
+    hopper = parts["h100-sxm"]["low_precision_weights"]
+    assert parts["b200"]["low_precision_weights"] == pytest.approx(hopper * copies / 2, abs=1)
+
+
 # ----------------------------------------------------------------------------- placement
 
 

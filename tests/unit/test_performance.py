@@ -1036,6 +1036,23 @@ def test_gathered_linear_inputs_are_quantised_on_the_rank_shard() -> None:
         assert ops[False][name] == pytest.approx(ops[True][name], rel=1e-12)
 
 
+def test_per_tensor_fp8_casts_write_one_layout_where_any_layout_multiplies() -> None:
+    """The cast of a linear input writes rowwise and columnwise fp8 on Hopper, only the
+    rowwise one for per-tensor fp8 on Blackwell; MXFP8 writes both everywhere."""
+    layout = Layout(tp=1, num_microbatches=2)
+    cm = NdplanCostModel(Calibration(default=DeviceEfficiency(hbm=1.0, gemm_half_gflop=0.0)))
+    n, h = 4096, 2048
+    b200 = DEVICES["b200"]
+
+    def qkv_s(precision: str) -> float:
+        ctx = make_ctx(layout, device=b200, precision=precision)
+        cost = cm.layer_cost(ctx, layout, DENSE)
+        return next(op.forward_s for op in cost.ops if op.name == "qkv_proj")
+
+    one_byte_per_element = n * h / (b200.hbm_bandwidth_gb_per_s * 1e9)
+    assert qkv_s("mxfp8") - qkv_s("fp8") == pytest.approx(one_byte_per_element, rel=1e-9)
+
+
 def test_cp_ring_by_hand() -> None:
     layout = Layout(cp=2, num_microbatches=2)
     ctx = make_ctx(layout, seq=8192)
