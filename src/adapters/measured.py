@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.context import default_split, mtp_room
+from ndplan.core.context import default_split, mtp_room_splits_evenly
 from ndplan.core.counting import count_flops
 from ndplan.core.errors import InvalidInputError, NdplanError
 from ndplan.core.job import Job
@@ -184,9 +184,7 @@ def recipe_layers_per_chunk(
     over 16 — whether MTP runs or not; other chunk counts have no recipe layout."""
     if source != "megatron-bridge" or preset_id != "deepseek-v3" or chunks < 2:
         return None
-    held = mtp_room(1)
-    slots = model.num_layers + held
-    if slots % chunks or slots // chunks <= held:
+    if not mtp_room_splits_evenly(model.num_layers, chunks, mtp_layers=1):
         return None
     return default_split(model.num_layers, chunks, mtp_layers=1)
 

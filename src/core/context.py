@@ -121,6 +121,14 @@ def mtp_room(mtp_layers: int) -> int:
     return 1 + MTP_LAYER_SLOTS * mtp_layers if mtp_layers else 0
 
 
+def mtp_room_splits_evenly(num_layers: int, chunks: int, mtp_layers: int) -> bool:
+    """Whether an MTP model's layers plus its last-chunk room fill ``chunks`` chunks
+    equally, the last keeping at least that room (False without MTP)."""
+    held = mtp_room(mtp_layers)
+    slots = num_layers + held
+    return bool(held) and slots % chunks == 0 and slots // chunks >= held
+
+
 def default_split(num_layers: int, chunks: int, mtp_layers: int = 0) -> tuple[int, ...]:
     """Layers per chunk when the layout gives none: the even split, except that with MTP
     the last chunk keeps room for the MTP blocks and the loss. An even split would put

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import PricingContext, mtp_room
+from .context import PricingContext, mtp_room, mtp_room_splits_evenly
 from .errors import InfeasibleError, InvalidInputError
 from .layout import Layout, SearchSpace
 from .model import MoEFFN
@@ -359,12 +359,7 @@ def _schedules(
         if not _allowed(space.vpp, vpp):
             continue
         chunks = pp * vpp
-        room_splits_evenly = (
-            uneven
-            and held
-            and (num_layers + held) % chunks == 0
-            and (num_layers + held) // chunks >= held
-        )
+        room_splits_evenly = uneven and mtp_room_splits_evenly(num_layers, chunks, mtp_layers)
         if num_layers % chunks == 0 or room_splits_evenly:
             split = 0
         elif uneven and (num_layers + 2) % chunks == 0:
