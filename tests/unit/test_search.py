@@ -9,6 +9,7 @@ tests/integration/test_search_equivalence.py."""
 from __future__ import annotations
 
 import csv
+import gc
 import importlib
 import inspect
 import itertools
@@ -467,6 +468,39 @@ def test_the_same_search_twice_gives_the_same_result(planner) -> None:
     a, b = (r.result.model_dump(exclude={"summary": {"seconds"}}) for r in runs)
     assert a == b
     assert [d for d, _ in runs[0].ranking] == [d for d, _ in runs[1].ranking]
+
+
+@pytest.mark.parametrize("enabled_before", [True, False])
+def test_the_collector_is_paused_during_a_search_and_restored_after(
+    planner, tiny, enabled_before: bool
+) -> None:
+    """The search runs with the cyclic collector off (it only slowed the search) and
+    leaves it as it found it, also when the search raises."""
+    seen = []
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled_before else gc.disable)()
+        ctx, opts = make_ctx(planner, tiny["dense"], 16, 32)
+        planner.search(
+            ctx,
+            SearchSpace(),
+            top_k=3,
+            options=opts,
+            progress=lambda *_: seen.append(gc.isenabled()),
+        )
+        assert seen and not any(seen)
+        assert gc.isenabled() is enabled_before
+        with core_search.collector_paused():
+            with core_search.collector_paused():
+                assert not gc.isenabled()
+            assert not gc.isenabled()  # the outer pause still holds
+        assert gc.isenabled() is enabled_before
+        ctx, opts = make_ctx(planner, tiny["dense"], 16, 32, max_mem=0.01)
+        with pytest.raises(InfeasibleError):
+            planner.search(ctx, SearchSpace(), top_k=3, options=opts)
+        assert gc.isenabled() is enabled_before
+    finally:
+        (gc.enable if was else gc.disable)()
 
 
 # ----------------------------------------------------------------------------- no plan

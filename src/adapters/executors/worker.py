@@ -19,7 +19,7 @@ from ndplan.core.cluster import Cluster
 from ndplan.core.context import PricingContext
 from ndplan.core.job import Job
 from ndplan.core.model import ModelSpec
-from ndplan.core.search import SearchPricing
+from ndplan.core.search import SearchPricing, collector_paused
 
 from .faults import describe_candidate, per_item
 
@@ -143,7 +143,8 @@ def run_task(
         _STATE.clear()
         state = _STATE[recipe.token] = build_pricing(recipe)
     pricing, recorder = state
-    values = per_item(getattr(pricing, phase), chunk, recipe.plugins)
+    with collector_paused():
+        values = per_item(getattr(pricing, phase), chunk, recipe.plugins)
     return values, list(recorder.items)
 
 
