@@ -47,7 +47,9 @@ class DeviceEfficiency(Frozen):
     """The same knee for the grouped GEMMs of routed experts (one small GEMM per expert,
     plus the routing and permutation around them)."""
     attention: float = Field(default=0.45, gt=0, le=1)
-    """Fraction of the bf16 peak the flash-attention kernels reach (forward and backward)."""
+    """Fraction of the bf16 peak the flash-attention kernels reach on long sequences
+    (forward and backward); a call over L keys reaches ``L / (L + 460)`` of it
+    (``performance.ATTENTION_HALF_KEYS``)."""
     hbm: float = Field(default=0.75, gt=0, le=1)
     """Fraction of HBM bandwidth that memory-bound kernels (norms, activations, optimizer) reach."""
     scale_up_bus: float = Field(default=0.75, gt=0, le=1)

@@ -49,6 +49,17 @@ TIME_PARTS = (
 LAYER_PARTS = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm")
 FLASH_BACKWARD_FACTOR = 2.5
 """Flash attention's backward runs five matmuls against the forward's two."""
+ATTENTION_HALF_KEYS = 460
+"""Keys per kernel call at which a flash-attention kernel reaches half its long-sequence
+rate. From the FlashAttention-3 paper's H100 benchmark (causal forward, head dim 128,
+512 to 16k keys): FlashAttention-2, cuDNN and FlashAttention-3 each follow
+``L / (L + 460)`` of their own top rate within 12 %. Ring CP runs the kernel on blocks of
+seq/cp keys, so a short sequence over many CP ranks runs it far below its peak."""
+
+
+def attention_length_efficiency(keys: float) -> float:
+    """Share of its long-sequence rate a flash-attention call over ``keys`` keys reaches."""
+    return keys / (keys + ATTENTION_HALF_KEYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,9 +330,15 @@ class NdplanCostModel:
             heads_local = lin.num_value_heads / t
         eff = self.efficiency(ctx)
         kernel_scale = self._calibration(ctx).attention_scale.get(job.framework, 1.0)
-        attention_s = att_flops / (
-            ctx.device.peak_flops("bf16") * min(1.0, eff.attention * kernel_scale)
-        )
+        rate = min(1.0, eff.attention * kernel_scale)
+        if not isinstance(att, LinearAttention):
+            # Ring CP calls the kernel once per K/V block of seq/cp keys; all-to-all CP
+            # and no CP call it on the whole sequence (or its window).
+            ring = layout.cp > 1 and job.cp_kind != "all_to_all"
+            keys = seq / layout.cp if ring else seq
+            window = getattr(att, "sliding_window", None)
+            rate *= attention_length_efficiency(min(keys, window) if window else keys)
+        attention_s = att_flops / (ctx.device.peak_flops("bf16") * rate)
         if job.attention_kernel == "eager" and not isinstance(att, LinearAttention):
             attention_s += self._hbm_s(ctx, 5 * ab * heads_local * n * seq)
         ops.append(

@@ -32,12 +32,14 @@ from ndplan.core.calibration import Calibration, DeviceEfficiency, Overlap
 from ndplan.core.cluster import Cluster
 from ndplan.core.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
 from ndplan.core.context import PricingContext
+from ndplan.core.counting import core_attention_flops
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DefaultKnapsackSolver
 from ndplan.core.layout import Layout
 from ndplan.core.memory import NdplanMemoryModel
 from ndplan.core.model import DenseFFN, LayerKind, ModelSpec, MoEFFN, StandardAttention
 from ndplan.core.performance import (
+    ATTENTION_HALF_KEYS,
     FLASH_BACKWARD_FACTOR,
     LAYER_PARTS,
     TIME_PARTS,
@@ -1071,6 +1073,40 @@ def test_cp_ring_by_hand() -> None:
     ctx.cache.clear()
     assert hidden.layer_cost(ctx, layout, DENSE).attention_forward_s / 2 > 2 * step
     assert hidden.layer_seconds(ctx, layout, DENSE, frozenset())["cp_comm"] == 0.0
+
+
+def test_attention_rate_follows_the_keys_per_kernel_call() -> None:
+    """A flash-attention call over L keys runs at L / (L + 460) of the kernel's long-sequence
+    rate: the whole sequence without CP, seq/cp keys per ring step, the whole sequence
+    again under all-to-all CP (it splits heads, not keys), the window if shorter."""
+    cm = NdplanCostModel(Calibration())
+    peak = H100.peak_flops("bf16") * DeviceEfficiency().attention
+
+    def attention_s(layout: Layout, seq: int = 8192, model: ModelSpec | None = None, **job):
+        ctx = make_ctx(layout, model, seq=seq, **job)
+        kind = (model or dense_model()).kinds[0]
+        return cm.layer_cost(ctx, layout, kind).attention_forward_s
+
+    whole = attention_s(Layout())
+    flops = 8192 * core_attention_flops(ATTENTION, 8192, "causal")
+    assert whole == pytest.approx(flops / (peak * 8192 / (8192 + ATTENTION_HALF_KEYS)), rel=1e-12)
+    for cp in (2, 4, 16):
+        keys = 8192 / cp
+        ring = attention_s(Layout(cp=cp, num_microbatches=2))
+        slower = (8192 + ATTENTION_HALF_KEYS) / 8192 * keys / (keys + ATTENTION_HALF_KEYS)
+        assert cp * ring * slower == pytest.approx(whole, rel=1e-12)
+        ulysses = attention_s(Layout(cp=cp, num_microbatches=2), cp_kind="all_to_all")
+        assert cp * ulysses == pytest.approx(whole, rel=1e-12)
+    assert attention_s(Layout(cp=16, num_microbatches=2)) * 16 > 1.6 * whole  # 512 keys a call
+    windowed = ATTENTION.model_copy(update={"sliding_window": 1024})
+    kind = LayerKind(name="w", attention=windowed, ffn=DenseFFN(intermediate_size=8192))
+    model = ModelSpec(
+        name="windowed", hidden_size=2048, vocab_size=32000, kinds=(kind,), layers=(0,) * 8
+    )
+    flops_w = 8192 * core_attention_flops(windowed, 8192, "causal")
+    assert attention_s(Layout(), model=model) == pytest.approx(
+        flops_w / (peak * 1024 / (1024 + ATTENTION_HALF_KEYS)), rel=1e-12
+    )
 
 
 def test_pp_send_recv_by_hand() -> None:
