@@ -340,6 +340,9 @@ class RunInterpreter:
                 dropout=0.0,
                 # NVIDIA's performance recipes reduce gradients in bf16 and fuse the loss.
                 grad_reduce_dtype="bf16" if nvidia_perf else None,
+                # llm-foundry's MPT defaults to `loss_fn: fused_crossentropy` (flash-attn's
+                # cross-entropy kernel): no fp32 copy of the logits is kept.
+                fused_loss=True if framework == "composer" else None,
                 finetune="lora" if row.get("workload", "").lower() == "lora" else "full",
             )
             layout = Layout(

@@ -311,6 +311,21 @@ def test_layout_from_the_stated_degrees(interpreter: RunInterpreter) -> None:
     assert (t.layout.dp, t.layout.zero, t.layout.sp, t.layout.recompute) == (64, 3, False, "full")
 
 
+def test_llm_foundry_rows_use_its_fused_cross_entropy(interpreter: RunInterpreter) -> None:
+    """llm-foundry's MPT defaults to flash-attn's fused cross-entropy: its rows keep no
+    fp32 copy of the logits (torchtitan's own rows do), so the 65,536-token MPT-350m
+    micro-batch that ran on 80 GB A100s is priced as fitting."""
+    foundry = case(interpreter, 535)
+    assert foundry.job.fused_loss is True and foundry.job.framework == "torchtitan"
+    assert case(interpreter, 371).job.fused_loss is None  # torchtitan's default: not fused
+    planner = Planner()
+    ctx = planner.context(foundry.model, foundry.device, foundry.num_devices, foundry.job)
+    memory = planner.estimate(ctx, foundry.layout).memory
+    assert memory.fits
+    tokens = foundry.layout.mbs * foundry.job.seq_length
+    assert memory.stages[0].parts["loss_activations"] < 3 * tokens * foundry.model.vocab_size
+
+
 def test_megatron_bridge_deepseek_v3_rows_run_the_recipes_uneven_split(
     interpreter: RunInterpreter,
 ) -> None:
