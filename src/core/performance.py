@@ -228,6 +228,8 @@ class NdplanCostModel:
         sigma = t if sp else 1
         n = layout.mbs * ctx.job.seq_length / layout.cp
         seq = ctx.job.seq_length
+        # Ring CP passes K/V blocks between ranks; all-to-all (Ulysses) CP exchanges heads.
+        ring_cp = layout.cp > 1 and job.cp_kind != "all_to_all"
         ab = ACTIVATION_BYTES
         lp = job.is_low_precision
         backward_gemms = 1.0 if job.finetune == "lora" else 2.0
@@ -334,8 +336,7 @@ class NdplanCostModel:
         if not isinstance(att, LinearAttention):
             # Ring CP calls the kernel once per K/V block of seq/cp keys; all-to-all CP
             # and no CP call it on the whole sequence (or its window).
-            ring = layout.cp > 1 and job.cp_kind != "all_to_all"
-            keys = seq / layout.cp if ring else seq
+            keys = seq / layout.cp if ring_cp else seq
             window = getattr(att, "sliding_window", None)
             rate *= attention_length_efficiency(min(keys, window) if window else keys)
         attention_s = att_flops / (ctx.device.peak_flops("bf16") * rate)
@@ -436,15 +437,15 @@ class NdplanCostModel:
         cp_fwd = cp_bwd = 0.0
         cp_steps = 0
         if layout.cp > 1 and kv_bytes_per_token > 0:
-            if job.cp_kind == "all_to_all":
-                width = (2 * heads_local * self._head_dim(att) * ab) + kv_bytes_per_token
-                cp_fwd = all_to_all_s(links.cp, n * width)
-                cp_bwd = cp_fwd
-            else:
+            if ring_cp:
                 step = send_recv_s(links.cp, n * kv_bytes_per_token)
                 cp_fwd = (layout.cp - 1) * step
                 cp_bwd = 2 * cp_fwd
                 cp_steps = layout.cp - 1
+            else:
+                width = (2 * heads_local * self._head_dim(att) * ab) + kv_bytes_per_token
+                cp_fwd = all_to_all_s(links.cp, n * width)
+                cp_bwd = cp_fwd
         kernels = sum(op.kernels for op in ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
         return LayerCost(
             ops=tuple(ops),
