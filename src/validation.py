@@ -20,7 +20,14 @@ from ndplan.core.calibration import Calibration, Overlap
 from ndplan.core.cluster import Cluster
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import NdplanError
-from ndplan.core.fitting import ErrorStats, Parameter, coordinate_search, spearman
+from ndplan.core.fitting import (
+    ErrorStats,
+    Parameter,
+    Prior,
+    coordinate_search,
+    prior_penalty,
+    spearman,
+)
 from ndplan.planner import Planner, PricingOptions
 
 FAMILIES = {
@@ -205,6 +212,76 @@ BOUNDS = {
     MXFP8_FIELD: (0.15, 0.95),
 }
 
+PRIORS: dict[str, Prior] = {
+    # Per generation. Large bf16 GEMMs reach 0.7-0.8 of the dense peak in cuBLAS;
+    # training shapes and the epilogues around them a little less.
+    "gemm": Prior(0.70, 0.15),
+    # fp8 runs the same tiles (cuBLAS 0.9-1.0 of bf16's share); the recipe's casts and
+    # scaling take some of it back.
+    LOW_PRECISION_RATIO: Prior(0.85, 0.15),
+    # Flash-attention forward and backward: FA2-class kernels 0.35-0.7 of the bf16 peak
+    # (Hopper low, Ampere high), FA3/cuDNN-class up to 0.75 on Hopper. Broad.
+    "attention": Prior(0.45, 0.20),
+    FP4_FIELD: Prior(0.40, 0.20),
+    GROUPED_BF16_FIELD: Prior(0.50, 0.20),
+    MXFP8_FIELD: Prior(0.50, 0.20),
+    # Shared. Streaming kernels reach 0.7-0.9 of HBM bandwidth; NCCL's bus bandwidth
+    # 0.7-0.9 of the link rate.
+    "hbm": Prior(0.75, 0.10),
+    "scale_up_bus": Prior(0.75, 0.15),
+    "scale_out_bus": Prior(0.80, 0.15),
+    # cuBLAS bf16 on H100: a 1024³ GEMM (2 GFLOP) runs at about a third of the large-GEMM
+    # rate, a 2048³ one (17 GFLOP) at about three quarters: a knee of 5-7 GFLOP. Grouped
+    # expert GEMMs are thinner and carry routing and permutation around them.
+    "gemm_half_gflop": Prior(5.0, 4.0),
+    "grouped_gemm_half_gflop": Prior(15.0, 15.0),
+    # A launch costs ~4 µs of CPU, on the critical path only when the GPU starves.
+    "kernel_launch_us": Prior(4.0, 4.0),
+    # A device-to-host sync of the per-expert token counts plus the router's and the
+    # permutation's small kernels: 100-300 µs a layer.
+    "moe_layer_overhead_us": Prior(200.0, 200.0),
+    # Overlaps: broad where the frameworks' options vary from run to run (EP, torchtitan's
+    # async TP); near the design where the mechanism is on in the runs it prices
+    # (gradient reduction under backward, ring attention's K/V exchange, FSDP2's
+    # prefetched all-gathers, and Megatron's TP overlap, which its performance recipes
+    # turn on: Transformer Engine splits each all-gather and reduce-scatter into chunks
+    # pipelined with the GEMM).
+    "overlap.megatron.tp": Prior(0.7, 0.3),
+    "overlap.megatron.ep": Prior(0.5, 0.4),
+    "overlap.megatron.dp": Prior(0.9, 0.2),
+    "overlap.megatron.cp": Prior(0.9, 0.2),
+    "overlap.megatron.fsdp": Prior(0.7, 0.3),
+    "overlap.torchtitan.fsdp": Prior(0.8, 0.2),
+    "overlap.torchtitan.tp": Prior(0.3, 0.4),
+    "overlap.torchtitan.cp": Prior(0.9, 0.2),
+    # Megatron runs Transformer Engine's cuDNN attention, the others FA2-class kernels
+    # (PyTorch SDPA): the FlashAttention-3 paper measures 1.5-2x between them on H100.
+    "attention_scale.megatron": Prior(1.5, 0.4),
+    "step_overhead_s": Prior(0.05, 0.10),
+    # Collectives take SMs and HBM bandwidth from the GEMMs they hide behind: NCCL's
+    # kernels hold 8-32 of ~132 SMs, copy-engine transfers (TE's ring exchange) none.
+    "interference": Prior(0.10, 0.10),
+}
+"""What each fitted parameter should be before the measured rows are seen, and how sure
+that is (kernel benchmarks and datasheets, not the rows). Keyed by the field name for
+per-generation and shared fields, by the parameter's full name otherwise."""
+
+PRIOR_ERROR_SCALE = 0.1
+"""The spread of log(predicted/measured) a row carries (run-to-run variation and what
+the model leaves out; the fitted train RMS is 0.1-0.12). It sets how far the rows may
+pull a parameter from its prior: the fit minimises the weighted mean loss plus
+``PRIOR_ERROR_SCALE² / Σ weights × Σ z²``, which is the negative log posterior with
+the loss read as a Gaussian log-likelihood of that spread, a source of n rows counting
+as √n observations."""
+
+
+def prior_for(name: str) -> Prior:
+    """The prior of a fitted parameter by its name in ``CalibrationSpace.params``."""
+    head, _, tail = name.partition(".")
+    if head in ("overlap", "attention_scale", "step_overhead_s", "interference"):
+        return PRIORS[name]
+    return PRIORS[tail]
+
 
 class CalibrationSpace:
     """The fitted parameters as a vector, and back: per device generation the GEMM and
@@ -252,7 +329,7 @@ class CalibrationSpace:
             params.append(Parameter(f"attention_scale.{fw}", 0.5, 2.0))
         params.append(Parameter("step_overhead_s", 0.0, 0.5))
         params.append(Parameter("interference", 0.0, 0.5))
-        self.params = params
+        self.params = [Parameter(p.name, p.low, p.high, prior_for(p.name)) for p in params]
 
     def start(self) -> np.ndarray:
         values = []
@@ -338,11 +415,14 @@ def fit_calibration(
     base: Calibration | None = None,
     *,
     sweeps: int = 3,
+    tolerance: float = 0.0,
     source: str = "ndplan compare --fit",
     progress: Callable[[int], None] | None = None,
+    on_sweep: Callable[[int, float], None] | None = None,
 ) -> tuple[Calibration, list[RowResult]]:
     """Fit the calibration on ``cases`` (CHECK rows excluded), minimising a robust
-    loss of log(predicted/measured) with each source weighted by 1/√rows."""
+    loss of log(predicted/measured) with each source weighted by 1/√rows, plus the
+    parameters' priors (``PRIORS``, ``PRIOR_ERROR_SCALE``)."""
     base = base or Calibration()
     usable = [c for c in cases if not c.check]
 
@@ -357,13 +437,10 @@ def fit_calibration(
     for c in usable:
         per_source[c.source] += 1
     weights = np.array([1 / math.sqrt(per_source[c.source]) for c in usable])
+    prior_strength = PRIOR_ERROR_SCALE**2 / weights.sum()
     calls = 0
 
-    def objective(x: np.ndarray) -> float:
-        nonlocal calls
-        calls += 1
-        if progress is not None:
-            progress(calls)
+    def data_loss(x: np.ndarray) -> float:
         cal = space.calibration(x)
         results = compare(planner, usable, cal)
         if len(results) != len(usable):
@@ -373,13 +450,29 @@ def fit_calibration(
         loss = np.where(np.abs(errors) <= delta, errors**2, delta * (2 * np.abs(errors) - delta))
         return float((weights * loss).sum() / weights.sum())
 
-    x, best = coordinate_search(objective, space.start(), space.params, sweeps=sweeps)
+    def objective(x: np.ndarray) -> float:
+        nonlocal calls
+        calls += 1
+        if progress is not None:
+            progress(calls)
+        return data_loss(x) + prior_strength * prior_penalty(x, space.params)
+
+    x, best = coordinate_search(
+        objective,
+        space.start(),
+        space.params,
+        sweeps=sweeps,
+        tolerance=tolerance,
+        on_sweep=on_sweep,
+    )
     results = compare(planner, usable, space.calibration(x))
     stats = ErrorStats.of([r.error for r in results])
     fitted = space.calibration(
         x,
         rows=float(len(usable)),
-        loss=best,
+        loss=data_loss(x),
+        prior_penalty=prior_penalty(x, space.params),
+        objective=best,
         median_abs_error=stats.median,
         mape=stats.mape,
         evaluations=float(calls),

@@ -4,13 +4,17 @@
 - ``ErrorStats`` against figures worked out by hand;
 - ``spearman`` against ``scipy.stats.spearmanr`` on random data, ties included;
 - ``coordinate_search`` finds the minimum of a bounded separable quadratic, never
-  evaluates outside the bounds, clips a start outside them, and is deterministic;
+  evaluates outside the bounds, clips a start outside them, is deterministic, and
+  stops once a sweep gains less than its tolerance;
+- ``prior_penalty`` by hand, and a prior pulls a flat coordinate to its centre;
 - ``CalibrationSpace`` round-trips a vector → Calibration → ``start()`` vector, and the
-  shipped calibration → ``start()`` → Calibration.
+  shipped calibration → ``start()`` → Calibration; every parameter it fits carries a
+  prior whose centre lies inside its bounds.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -19,7 +23,14 @@ from scipy import stats
 
 from ndplan.adapters.devices.calibration import shipped_calibration
 from ndplan.core.calibration import Calibration
-from ndplan.core.fitting import ErrorStats, Parameter, coordinate_search, spearman
+from ndplan.core.fitting import (
+    ErrorStats,
+    Parameter,
+    Prior,
+    coordinate_search,
+    prior_penalty,
+    spearman,
+)
 from ndplan.validation import FAMILIES, CalibrationSpace
 
 # --------------------------------------------------------------------------- ErrorStats
@@ -152,6 +163,65 @@ def test_coordinate_search_never_worsens_and_is_deterministic() -> None:
     assert best1 <= bumpy(start)
     assert best1 == best2 and np.array_equal(x1, x2)
     assert start == pytest.approx([0.2, 0.2, 1.0])  # the caller's start is not modified
+
+
+def test_coordinate_search_stops_once_a_sweep_gains_less_than_the_tolerance() -> None:
+    # Coupled coordinates: each sweep moves along the valley x0 = x1 by a shrinking step
+    # towards a floor of 1, so without a tolerance all ten sweeps run and the relative
+    # gains shrink.
+    def valley(x: np.ndarray) -> float:
+        return float(1 + (x[0] - x[1]) ** 2 * 50 + (x[0] + x[1] - 0.4) ** 2)
+
+    start = np.array([0.9, -1.5, 1.0])
+    heard: list[tuple[int, float]] = []
+    params = PARAMS
+    _, full = coordinate_search(
+        valley, start, params, sweeps=10, on_sweep=lambda n, v: heard.append((n, v))
+    )
+    assert [n for n, _ in heard] == list(range(1, 11))
+    assert all(b <= a for (_, a), (_, b) in itertools.pairwise(heard))
+    gains = [(a - b) / a for (_, a), (_, b) in itertools.pairwise(heard)]
+    assert gains[-1] < gains[0]
+    tolerance = 0.5 * max(gains)  # stops once the gains fall below half the largest
+    stopped: list[int] = []
+    _, early = coordinate_search(
+        valley,
+        start,
+        params,
+        sweeps=10,
+        tolerance=tolerance,
+        on_sweep=lambda n, v: stopped.append(n),
+    )
+    assert len(stopped) < 10
+    assert early >= full
+    assert early == heard[len(stopped) - 1][1]  # the same path, cut short
+
+
+def test_prior_penalty_by_hand() -> None:
+    params = [
+        Parameter("a", 0.0, 1.0, Prior(0.5, 0.25)),
+        Parameter("b", -2.0, 2.0),  # no prior: free
+        Parameter("c", 0.5, 3.0, Prior(1.0, 2.0)),
+    ]
+    # z_a = (0.0 - 0.5) / 0.25 = -2, z_c = (2.0 - 1.0) / 2 = 0.5 → 4 + 0.25
+    assert prior_penalty(np.array([0.0, 1.7, 2.0]), params) == pytest.approx(4.25)
+    assert prior_penalty(np.array([0.5, -2.0, 1.0]), params) == 0.0
+
+
+def test_a_prior_holds_a_coordinate_the_objective_does_not_constrain() -> None:
+    # The objective depends on a only; b is flat, so without a prior it stays at its start,
+    # and with one it goes to the prior's centre.
+    params = [Parameter("a", 0.0, 1.0), Parameter("b", 0.0, 10.0, Prior(3.0, 1.0))]
+
+    def flat_in_b(x: np.ndarray) -> float:
+        return float((x[0] - 0.2) ** 2)
+
+    x, _ = coordinate_search(flat_in_b, np.array([0.9, 8.0]), params)
+    assert x[1] == 8.0
+    x, _ = coordinate_search(
+        lambda x: flat_in_b(x) + 0.01 * prior_penalty(x, params), np.array([0.9, 8.0]), params
+    )
+    assert x == pytest.approx([0.2, 3.0], abs=0.02)
 
 
 # --------------------------------------------------------------------------- CalibrationSpace
@@ -301,3 +371,17 @@ def test_ranking_groups_need_two_layouts() -> None:
 
     same = [_row(i, "tp1 pp1 cp1 dp64 mbs1 z1", 128, 1.0 + i / 10, 1.0) for i in range(4)]
     assert ranking_groups(same) == []
+
+
+def test_every_fitted_parameter_has_a_prior_inside_its_bounds() -> None:
+    space = CalibrationSpace(
+        Calibration(),
+        ALL_FAMILIES,
+        fp4_families=ALL_FAMILIES,
+        grouped_bf16_families=ALL_FAMILIES,
+        mxfp8_families=ALL_FAMILIES,
+    )
+    for p in space.params:
+        assert p.prior is not None, p.name
+        assert p.low <= p.prior.centre <= p.high, p.name
+        assert p.prior.width > 0, p.name
