@@ -16,9 +16,10 @@ from pathlib import Path
 
 from ndplan.adapters.measured import RunInterpreter, read_rows
 from ndplan.cli.compare import spearman_text, summary_sections
+from ndplan.core.calibration import Calibration
 from ndplan.core.fitting import ErrorStats
 from ndplan.planner import Planner
-from ndplan.validation import compare, ranking_groups
+from ndplan.validation import CalibrationSpace, compare, ranking_groups
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "shared" / "measured_runs.csv"
@@ -39,6 +40,36 @@ def _stats_rows(items: list[tuple[str, ErrorStats]]) -> list[list[str]]:
     return [
         [g, str(s.count), _pct(s.mape), _pct(s.median), _pct(s.p90), f"{100 * s.bias:+.1f}%"]
         for g, s in items
+    ]
+
+
+def _parameter_section(calibration: Calibration) -> list[str]:
+    """Every fitted parameter beside its prior: a z near 0 with the data silent is the
+    prior speaking; a large |z| is the rows pulling it away."""
+    space = CalibrationSpace(calibration, calibration.devices)
+    rows = []
+    for param, value in zip(space.params, space.start(), strict=True):
+        prior = param.prior
+        z = "" if prior is None else f"{(value - prior.centre) / prior.width:+.2f}"
+        band = "" if prior is None else f"{prior.centre:g} ± {prior.width:g}"
+        rows.append([f"`{param.name}`", f"{value:.4g}", band, z, f"{param.low:g}–{param.high:g}"])
+    fit = calibration.fit
+    figures = ""
+    if "objective" in fit:
+        figures = (
+            f" The fit: {int(fit['rows'])} rows, weighted loss {fit['loss']:.6f}, plus "
+            f"{fit['objective'] - fit['loss']:.6f} from the priors, "
+            f"{int(fit['evaluations'])} evaluations."
+        )
+    return [
+        "## Fitted parameters",
+        "",
+        "Each parameter's prior (`PRIORS` in `src/validation.py`) comes from kernel benchmarks "
+        "and datasheets, not from the rows; *z* is how many prior widths the fit moved it."
+        + figures,
+        "",
+        _table(["parameter", "fitted", "prior", "z", "bounds"], rows),
+        "",
     ]
 
 
@@ -145,6 +176,7 @@ def main(out: Path = OUT) -> dict:
             ),
             "",
         ]
+    body += _parameter_section(calibration)
     reasons = Counter(s.reason for s in skips)
     body += [
         "## Skipped rows",
