@@ -18,10 +18,6 @@ from ndplan.validation import fit_calibration
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "shared" / "measured_runs.csv"
 OUT = REPO / "src" / "adapters" / "devices" / "data" / "calibration.json"
-SWEEPS = 16
-TOLERANCE = 0.002
-"""Run to convergence (a sweep that takes off less than 0.2 % ends it): the priors, not
-an early stop, keep the weakly constrained parameters physical."""
 
 
 def main(out: Path = OUT) -> int:
@@ -35,8 +31,6 @@ def main(out: Path = OUT) -> int:
         planner,
         cases,
         Calibration(),
-        sweeps=SWEEPS,
-        tolerance=TOLERANCE,
         on_sweep=lambda n, value: print(f"sweep {n}: objective {value:.6f}", flush=True),
         source="fitted on the even-row_id rows of measured_runs.csv (benchmarks/calibrate.py)",
     )

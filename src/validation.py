@@ -414,15 +414,17 @@ def fit_calibration(
     cases: Sequence[RunCase],
     base: Calibration | None = None,
     *,
-    sweeps: int = 3,
-    tolerance: float = 0.0,
+    sweeps: int = 16,
+    tolerance: float = 0.002,
     source: str = "ndplan compare --fit",
     progress: Callable[[int], None] | None = None,
     on_sweep: Callable[[int, float], None] | None = None,
 ) -> tuple[Calibration, list[RowResult]]:
     """Fit the calibration on ``cases`` (CHECK rows excluded), minimising a robust
     loss of log(predicted/measured) with each source weighted by 1/√rows, plus the
-    parameters' priors (``PRIORS``, ``PRIOR_ERROR_SCALE``)."""
+    parameters' priors (``PRIORS``, ``PRIOR_ERROR_SCALE``). Runs until a sweep lowers
+    that by no more than ``tolerance`` of it (at most ``sweeps``): the priors, not an
+    early stop, keep the parameters the rows barely constrain physical."""
     base = base or Calibration()
     usable = [c for c in cases if not c.check]
 

@@ -122,7 +122,11 @@ def compare_cmd(
     if fit is not None:
         note(f"fitting on {sum(not c.check for c in cases)} rows (CHECK rows excluded) …")
         cal, _ = fit_calibration(
-            planner, cases, cal, source=f"ndplan compare --fit on {runs.name} ({rows} rows)"
+            planner,
+            cases,
+            cal,
+            source=f"ndplan compare --fit on {runs.name} ({rows} rows)",
+            on_sweep=lambda n, value: note(f"sweep {n}: objective {value:.6f}"),
         )
         write_atomic(fit, cal.model_dump_json(indent=2) + "\n", force=force)
         note(f"wrote {fit}: {', '.join(f'{k}={v:.4g}' for k, v in cal.fit.items())}")

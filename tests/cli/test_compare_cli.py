@@ -191,6 +191,7 @@ def test_fit_writes_a_calibration_that_estimate_and_search_load(
     even_clean = sorted(i for i in SMALL_IDS if i % 2 == 0 and i != CHECK_ROW)
     assert one_sweep == [even_clean]
     assert "fitting on 8 rows" in err and f"wrote {fit}" in err
+    assert "sweep 1: objective " in err  # a long fit shows it is moving
 
     cal = Calibration.model_validate_json(fit.read_text(encoding="utf-8"))
     assert load_calibration(fit) == cal
