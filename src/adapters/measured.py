@@ -343,6 +343,9 @@ class RunInterpreter:
                 # llm-foundry's MPT defaults to `loss_fn: fused_crossentropy` (flash-attn's
                 # cross-entropy kernel): no fp32 copy of the logits is kept.
                 fused_loss=True if framework == "composer" else None,
+                # Megatron-LM in 2022 ran its TP collectives in line: the overlap with
+                # the GEMMs (Transformer Engine's userbuffers) came in 2023.
+                tp_comm_overlap=False if short == "korthikanti-2022" else None,
                 finetune="lora" if row.get("workload", "").lower() == "lora" else "full",
             )
             layout = Layout(

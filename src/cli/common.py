@@ -89,6 +89,16 @@ GradDtypeOpt = Annotated[
     ),
 ]
 
+TpOverlapOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--tp-comm-overlap/--no-tp-comm-overlap",
+        help="Whether TP collectives overlap the GEMMs (Megatron --tp-comm-overlap, "
+        "torchtitan async TP) [default: on].",
+        show_default=False,
+    ),
+]
+
 
 @dataclass
 class JobInputs:
@@ -99,6 +109,7 @@ class JobInputs:
     attention: str | None
     dropout: float | None
     grad_dtype: str | None = None
+    tp_comm_overlap: bool | None = None
 
     def job(self) -> Job:
         try:
@@ -110,6 +121,7 @@ class JobInputs:
                 attention_kernel=self.attention,
                 dropout=self.dropout,
                 grad_reduce_dtype=self.grad_dtype,
+                tp_comm_overlap=self.tp_comm_overlap,
             )
         except ValidationError as exc:
             err = exc.errors()[0]

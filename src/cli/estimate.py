@@ -27,6 +27,7 @@ from .common import (
     ReserveOpt,
     RuntimeReserveOpt,
     SeqOpt,
+    TpOverlapOpt,
     build_context,
 )
 from .options import DeviceFiles, Json, Strict, state
@@ -159,6 +160,7 @@ def estimate(
     attention: AttentionOpt = None,
     dropout: DropoutOpt = None,
     grad_dtype: GradDtypeOpt = None,
+    tp_comm_overlap: TpOverlapOpt = None,
     memory_mode: Annotated[
         str,
         typer.Option(
@@ -194,7 +196,9 @@ def estimate(
         reserve_gib=runtime_reserve,
         calibration=calibration,
     )
-    job = JobInputs(gbs, seq_len, precision, framework, attention, dropout, grad_dtype)
+    job = JobInputs(
+        gbs, seq_len, precision, framework, attention, dropout, grad_dtype, tp_comm_overlap
+    )
     planner, pctx = build_context(
         state(ctx),
         model=model,

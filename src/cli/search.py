@@ -38,6 +38,7 @@ from .common import (
     ReserveOpt,
     RuntimeReserveOpt,
     SeqOpt,
+    TpOverlapOpt,
     build_context,
 )
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
@@ -397,6 +398,7 @@ def search_cmd(
     attention: AttentionOpt = None,
     dropout: DropoutOpt = None,
     grad_dtype: GradDtypeOpt = None,
+    tp_comm_overlap: TpOverlapOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = 0.0,
     runtime_reserve: RuntimeReserveOpt = None,
@@ -464,7 +466,9 @@ def search_cmd(
             reserve_gib=runtime_reserve,
             calibration=calibration,
         )
-        job = JobInputs(gbs, seq_len, precision, framework, attention, dropout, grad_dtype)
+        job = JobInputs(
+            gbs, seq_len, precision, framework, attention, dropout, grad_dtype, tp_comm_overlap
+        )
         planner, pctx = build_context(
             st,
             model=model,

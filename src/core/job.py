@@ -63,6 +63,11 @@ class Job(Frozen):
     base model; adapters are small enough to leave out)."""
     moe_capacity_factor: float | None = Field(default=None, gt=0)
     """Expert capacity factor; dropless, force-balanced routing (1.0) when unstated."""
+    tp_comm_overlap: bool | None = None
+    """Whether the TP all-gathers and reduce-scatters overlap the GEMMs around them
+    (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers; torchtitan's
+    async TP), hiding the framework's fitted share; False exposes them whole. On when
+    unstated: performance recipes turn it on."""
 
 
 JOB_DEFAULTS: dict[str, Any] = {
@@ -74,6 +79,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "cp_kind": "ring",
     "moe_capacity_factor": 1.0,
     "finetune": "full",
+    "tp_comm_overlap": True,
 }
 FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype")
 """Fields whose default depends on the framework (read from its traits)."""

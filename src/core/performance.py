@@ -151,6 +151,14 @@ class NdplanCostModel:
             )
         return found
 
+    def tp_overlap(self, ctx: PricingContext, layout: Layout) -> float:
+        """Share of the TP collectives hidden under the GEMMs around them: the framework's
+        fitted overlap, or none where the job turns TP overlap off. The setting is read
+        only where TP communicates, so tp 1 layouts assume nothing about it."""
+        if layout.tp > 1 and not ctx.settings.tp_comm_overlap:
+            return 0.0
+        return self.overlap(ctx).tp
+
     def links(self, ctx: PricingContext, layout: Layout) -> Links:
         key = ("links", layout.tp, layout.cp, layout.dp, layout.pp, layout.ep, layout.expert_tp)
         found = ctx.cache.get(key)
@@ -500,9 +508,10 @@ class NdplanCostModel:
         # Hidden communication still costs some compute (SM and HBM contention): a share
         # `interference` of the hidden time is charged to the communication part.
         slow = self._calibration(ctx).interference
-        tp_exposed = 1 - ov.tp
+        tp_hidden = self.tp_overlap(ctx, layout)
+        tp_exposed = 1 - tp_hidden
         tp_raw = cost.tp_forward_s + cost.tp_backward_s
-        tp = tp_raw * (tp_exposed + slow * ov.tp)
+        tp = tp_raw * (tp_exposed + slow * tp_hidden)
         ep_exposed = (1 - ov.ep) * (0.1 if layout.schedule == "dualpipev" else 1.0)
         ep_raw = cost.ep_forward_s + cost.ep_backward_s
         ep = ep_raw * (ep_exposed + slow * (1 - ep_exposed))
@@ -569,6 +578,7 @@ class NdplanCostModel:
         ab = ACTIVATION_BYTES
         links = self.links(ctx, layout)
         ov = self.overlap(ctx)
+        tp_exposed = 1 - self.tp_overlap(ctx, layout)
         parts = dict.fromkeys(LAYER_PARTS, 0.0)
         parts["pp_comm"] = 0.0
         if stage.has_embedding:
@@ -581,7 +591,7 @@ class NdplanCostModel:
                     if layout.sequence_parallel
                     else all_reduce_s(links.tp, n * h * ab)
                 )
-                parts["tp_comm"] += comm * (1 - ov.tp)
+                parts["tp_comm"] += comm * tp_exposed
         if stage.has_head:
             vocab = padded_vocab(model.vocab_size, t) / t
             logits = self._gemm_s(ctx, n, h, vocab, low_precision=False)
@@ -589,7 +599,7 @@ class NdplanCostModel:
             parts["forward"] += logits + loss
             parts["backward"] += 2 * logits + loss
             if t > 1 and layout.sequence_parallel:
-                parts["tp_comm"] += 2 * all_gather_s(links.tp, n * h * ab) * (1 - ov.tp)
+                parts["tp_comm"] += 2 * all_gather_s(links.tp, n * h * ab) * tp_exposed
             if stage.has_mtp and model.mtp_kind is not None:
                 mtp = self.layer_seconds(ctx, layout, model.mtp_kind, frozenset())
                 for name in LAYER_PARTS:

@@ -223,6 +223,16 @@ def test_json_prints_one_plan_with_the_documented_keys(
     assert plan["hfu"] >= plan["mfu"]
 
 
+def test_no_tp_comm_overlap_exposes_the_tp_collectives(capsys: pytest.CaptureFixture[str]) -> None:
+    args = (*LLAMA_8B, "-n", "16", "--gbs", "32", "-s", "4096", "--tp", "4")
+    default = estimate_json(capsys, *args)
+    stated = estimate_json(capsys, *args, "--tp-comm-overlap")
+    off = estimate_json(capsys, *args, "--no-tp-comm-overlap")
+    assert stated["time"] == default["time"]  # on unless stated otherwise
+    assert off["time"]["parts"]["tp_comm"] > default["time"]["parts"]["tp_comm"] > 0
+    assert off["time"]["parts"]["forward"] == default["time"]["parts"]["forward"]
+
+
 def test_human_output_prints_memory_per_stage_and_whether_it_fits(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -326,6 +326,23 @@ def test_llm_foundry_rows_use_its_fused_cross_entropy(interpreter: RunInterprete
     assert memory.stages[0].parts["loss_activations"] < 3 * tokens * foundry.model.vocab_size
 
 
+def test_megatron_2022_rows_run_their_tp_collectives_in_line(interpreter: RunInterpreter) -> None:
+    """Korthikanti et al. (2022) measured Megatron-LM before Transformer Engine's TP
+    overlap existed: their rows expose every TP collective, so tp 8 costs more than the
+    same layout with the framework's fitted overlap. The 2024 Megatron-LM README rows
+    state --tp-comm-overlap and keep the default."""
+    old = case(interpreter, 363)
+    assert old.job.tp_comm_overlap is False and old.layout.tp == 8
+    assert case(interpreter, 347).job.tp_comm_overlap is None
+    planner = Planner()
+    ctx = planner.context(old.model, old.device, old.num_devices, old.job)
+    exposed = planner.estimate(ctx, old.layout).time.parts["tp_comm"]
+    overlapped_job = old.job.model_copy(update={"tp_comm_overlap": True})
+    ctx = planner.context(old.model, old.device, old.num_devices, overlapped_job)
+    overlapped = planner.estimate(ctx, old.layout).time.parts["tp_comm"]
+    assert exposed > overlapped > 0
+
+
 def test_megatron_bridge_deepseek_v3_rows_run_the_recipes_uneven_split(
     interpreter: RunInterpreter,
 ) -> None:

@@ -528,9 +528,11 @@ def fixed_cost(**update) -> LayerCost:
     return dataclasses.replace(base, **update)
 
 
-def fixed_seconds(cost: LayerCost, overlap: Overlap, recompute=frozenset(), **layout_kw):
+def fixed_seconds(
+    cost: LayerCost, overlap: Overlap, recompute=frozenset(), job: dict | None = None, **layout_kw
+):
     layout = Layout(**{"tp": 2, "cp": 2, "num_microbatches": 4, **layout_kw})
-    ctx = make_ctx(layout)
+    ctx = make_ctx(layout, **(job or {}))
     return FixedLayerCost(cost, overlap).layer_seconds(ctx, layout, DENSE, recompute)
 
 
@@ -544,6 +546,26 @@ def test_exposed_tp_comm_is_one_minus_overlap_of_raw(tp_overlap: float) -> None:
     assert full["recompute"] == pytest.approx(
         3.375 + (1 - tp_overlap) * 0.4 + 0.5 + max(0.0, 0.3 - 1.0 / 2)
     )
+
+
+@pytest.mark.parametrize("tp_overlap", [0.3, 1.0])
+def test_a_job_without_tp_overlap_exposes_every_tp_collective(tp_overlap: float) -> None:
+    off = fixed_seconds(fixed_cost(), Overlap(tp=tp_overlap), job={"tp_comm_overlap": False})
+    assert off["tp_comm"] == pytest.approx(0.8)  # the raw forward + backward traffic
+    on = fixed_seconds(fixed_cost(), Overlap(tp=tp_overlap), job={"tp_comm_overlap": True})
+    assert on["tp_comm"] == pytest.approx((1 - tp_overlap) * 0.8)
+    # full recompute re-runs the forward's collectives, all of them exposed
+    full = fixed_seconds(fixed_cost(), Overlap(tp=tp_overlap), None, {"tp_comm_overlap": False})
+    assert full["recompute"] == pytest.approx(3.375 + 0.4 + 0.5 + max(0.0, 0.3 - 1.0 / 2))
+
+
+def test_tp_overlap_is_assumed_only_where_tp_communicates() -> None:
+    for tp, assumed in ((1, False), (2, True)):
+        layout = Layout(tp=tp, num_microbatches=4)
+        ctx = make_ctx(layout)
+        FixedLayerCost(fixed_cost(), Overlap(tp=0.5)).layer_seconds(ctx, layout, DENSE, frozenset())
+        fields = [a.field for a in ctx.recorder.items]
+        assert ("job.tp_comm_overlap" in fields) is assumed
 
 
 @pytest.mark.parametrize(
