@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 DEMO = ["-m", "llama-3-70b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "8192"]
 MOE = ["-m", "mixtral-8x7b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "4096"]
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a CLI that a test interrupts: a child of a shell without job
+    control (``nohup … &``, some CI runners) inherits SIGINT ignored, and Python then
+    never installs its KeyboardInterrupt handler. Ctrl-C in a terminal has the default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def cli_env(**extra: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import default_sigint
 
 from ndplan.adapters.executors.faults import classify, plugin_origin
 from ndplan.cli.app import run
@@ -45,6 +46,7 @@ def start(*args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=env(),
+        preexec_fn=default_sigint,  # the Ctrl-C test needs SIGINT deliverable
     )
 
 

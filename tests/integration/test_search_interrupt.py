@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runs import default_sigint
 
 MAIN = "from ndplan.cli.app import main; main()"
 # An unpruned search that prices for ~10 s in one process (interrupted after ~1.5 s).
@@ -25,12 +26,6 @@ LONG = [
     *("search", "-m", "mixtral-8x7b", "-d", "h100", "-n", "32", "--gbs", "64", "-s", "4096"),
     *("--exhaustive", "-j", "1", "--json"),
 ]
-
-
-def _default_sigint() -> None:
-    # A child of a shell without job control inherits SIGINT ignored; Python then never
-    # installs its KeyboardInterrupt handler. Ctrl-C in a terminal has the default.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def interrupt(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -44,7 +39,7 @@ def interrupt(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
-        preexec_fn=_default_sigint,
+        preexec_fn=default_sigint,
     )
     try:
         # The debug folder is made just before pricing starts: then the search is running.
