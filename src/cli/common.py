@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+import yaml
 from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
@@ -99,6 +100,40 @@ TpOverlapOpt = Annotated[
     ),
 ]
 
+JobFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--job",
+        help="A YAML/JSON file of job settings (optimizer, cp_kind, finetune, fused_loss, ...: "
+        "every field `ndplan schema Job` lists but the batch and sequence); flags override it.",
+        show_default=False,
+    ),
+]
+FILE_JOB_FIELDS = tuple(f for f in Job.model_fields if f not in ("global_batch_size", "seq_length"))
+"""What a --job file may state; the batch and sequence come from their required flags."""
+
+
+def load_job_file(path: Path) -> dict[str, Any]:
+    """``--job FILE``: a mapping of job fields, keys checked (values are checked with the
+    flags', by ``Job``)."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read the job file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InvalidInputError(f"{path}: expected a mapping of job field → value")
+    for key in data:
+        if key not in FILE_JOB_FIELDS:
+            hint = " (use --gbs / --seq-len)" if key in Job.model_fields else ""
+            raise InvalidInputError(
+                f"{path}: unknown key '{key}'{hint}; known: {', '.join(FILE_JOB_FIELDS)}"
+            )
+    return data
+
 
 @dataclass
 class JobInputs:
@@ -110,31 +145,40 @@ class JobInputs:
     dropout: float | None
     grad_dtype: str | None = None
     tp_comm_overlap: bool | None = None
+    file: Path | None = None
 
     def job(self) -> Job:
+        flags = {
+            "precision": self.precision,
+            "framework": self.framework,
+            "attention_kernel": self.attention,
+            "dropout": self.dropout,
+            "grad_reduce_dtype": self.grad_dtype,
+            "tp_comm_overlap": self.tp_comm_overlap,
+        }
+        stated = {k: v for k, v in flags.items() if v is not None}
+        from_file = load_job_file(self.file) if self.file is not None else {}
         try:
             return Job(
                 global_batch_size=self.gbs,
                 seq_length=self.seq_len,
-                precision=self.precision,
-                framework=self.framework,
-                attention_kernel=self.attention,
-                dropout=self.dropout,
-                grad_reduce_dtype=self.grad_dtype,
-                tp_comm_overlap=self.tp_comm_overlap,
+                **{**from_file, **stated},
             )
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(p) for p in err.get("loc", ()))
-            flag = {
-                "precision": "--precision",
-                "framework": "--framework",
-                "attention_kernel": "--attention",
-                "dropout": "--dropout",
-                "grad_reduce_dtype": "--grad-dtype",
-            }.get(field, field)
+            if field in from_file and field not in stated:
+                where = f"{self.file}: {field}"
+            else:
+                where = {
+                    "precision": "--precision",
+                    "framework": "--framework",
+                    "attention_kernel": "--attention",
+                    "dropout": "--dropout",
+                    "grad_reduce_dtype": "--grad-dtype",
+                }.get(field, field)
             raise InvalidInputError(
-                f"{flag}: {err.get('msg')} (got {err.get('input')!r})"
+                f"{where}: {err.get('msg')} (got {err.get('input')!r})"
             ) from None
 
 

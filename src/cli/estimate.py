@@ -20,6 +20,7 @@ from .common import (
     FrameworkOpt,
     GbsOpt,
     GradDtypeOpt,
+    JobFileOpt,
     JobInputs,
     MaxMemOpt,
     ModelOpt,
@@ -161,6 +162,7 @@ def estimate(
     dropout: DropoutOpt = None,
     grad_dtype: GradDtypeOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
+    job_file: JobFileOpt = None,
     memory_mode: Annotated[
         str,
         typer.Option(
@@ -197,7 +199,15 @@ def estimate(
         calibration=calibration,
     )
     job = JobInputs(
-        gbs, seq_len, precision, framework, attention, dropout, grad_dtype, tp_comm_overlap
+        gbs,
+        seq_len,
+        precision,
+        framework,
+        attention,
+        dropout,
+        grad_dtype,
+        tp_comm_overlap,
+        file=job_file,
     )
     planner, pctx = build_context(
         state(ctx),

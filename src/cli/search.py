@@ -31,6 +31,7 @@ from .common import (
     FrameworkOpt,
     GbsOpt,
     GradDtypeOpt,
+    JobFileOpt,
     JobInputs,
     MaxMemOpt,
     ModelOpt,
@@ -399,6 +400,7 @@ def search_cmd(
     dropout: DropoutOpt = None,
     grad_dtype: GradDtypeOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
+    job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = 0.0,
     runtime_reserve: RuntimeReserveOpt = None,
@@ -467,7 +469,15 @@ def search_cmd(
             calibration=calibration,
         )
         job = JobInputs(
-            gbs, seq_len, precision, framework, attention, dropout, grad_dtype, tp_comm_overlap
+            gbs,
+            seq_len,
+            precision,
+            framework,
+            attention,
+            dropout,
+            grad_dtype,
+            tp_comm_overlap,
+            file=job_file,
         )
         planner, pctx = build_context(
             st,

@@ -233,6 +233,70 @@ def test_no_tp_comm_overlap_exposes_the_tp_collectives(capsys: pytest.CaptureFix
     assert off["time"]["parts"]["forward"] == default["time"]["parts"]["forward"]
 
 
+EVERY_JOB_FIELD = """\
+precision: bf16
+optimizer: adam
+framework: megatron
+attention_kernel: flash
+dropout: 0.0
+cp_kind: ring
+fused_loss: true
+grad_reduce_dtype: fp32
+finetune: full
+moe_capacity_factor: 1.0
+tp_comm_overlap: true
+"""
+STATED_LAYOUT = ("--tp", "2", "--zero", "1", "--sp", "--schedule", "1f1b")
+
+
+def test_a_job_file_states_what_no_flag_does_so_strict_can_pass(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(EVERY_JOB_FIELD, encoding="utf-8")
+    args = (*LLAMA_8B, "-n", "16", "--gbs", "32", "-s", "4096", *STATED_LAYOUT)
+    code, _, err = invoke(capsys, *args, "--strict")
+    assert code == ExitCode.INVALID_INPUT
+    assert "--strict forbids assuming" in one_error_line(err)
+    code, out, err = invoke(capsys, *args, "--job", str(job), "--strict", "--json")
+    assert code == 0, err
+    assert "assumed:" not in err
+    # the file states the defaults, so the plan is the one priced on assumptions
+    assert json.loads(out)["time"] == estimate_json(capsys, *args)["time"]
+
+
+def test_flags_override_the_job_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("precision: fp8\n", encoding="utf-8")
+    args = (*LLAMA_8B, "-n", "16", "--gbs", "32", "-s", "4096")
+    from_file = estimate_json(capsys, *args, "--job", str(job))
+    assert from_file["time"] == estimate_json(capsys, *args, "--precision", "fp8")["time"]
+    overridden = estimate_json(capsys, *args, "--job", str(job), "--precision", "bf16")
+    assert overridden["time"] == estimate_json(capsys, *args)["time"] != from_file["time"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("optimiser: adam\n", "unknown key 'optimiser'; known: precision, optimizer,"),
+        ("seq_length: 8192\n", "unknown key 'seq_length' (use --gbs / --seq-len)"),
+        ("optimizer: lion\n", "optimizer: Input should be 'adam', 'sgd' or 'muon' (got 'lion')"),
+        ("- adam\n", "expected a mapping of job field → value"),
+        ("optimizer: [adam\n", "not valid YAML"),
+    ],
+)
+def test_a_bad_job_file_is_one_line_naming_the_file_and_key(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, expected: str
+) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(text, encoding="utf-8")
+    code, out, err = invoke(capsys, *LLAMA_8B, "-n", "16", "--gbs", "32", "-s", "4096",
+                            "--job", str(job))  # fmt: skip
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    line = one_error_line(err)
+    assert f"{job}: " in line and expected in line
+
+
 def test_human_output_prints_memory_per_stage_and_whether_it_fits(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

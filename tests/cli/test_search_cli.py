@@ -333,6 +333,23 @@ def test_a_bad_space_file_is_invalid_input(capsys, tmp_path: Path, text, says) -
 # ----------------------------------------------------------------------------- files out
 
 
+def test_strict_search_runs_once_a_job_file_states_every_setting(capsys, tmp_path: Path) -> None:
+    code, _, err = invoke(capsys, "search", *SMALL, "--strict")
+    assert code == 3 and "--strict forbids assuming" in err
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "precision: bf16\noptimizer: adam\nframework: megatron\nattention_kernel: flash\n"
+        "dropout: 0.0\ncp_kind: ring\nfused_loss: true\ngrad_reduce_dtype: fp32\n"
+        "finetune: full\nmoe_capacity_factor: 1.0\ntp_comm_overlap: true\n",
+        encoding="utf-8",
+    )
+    strict = search_json(capsys, *SMALL, "--job", str(job), "--strict")
+    assumed = search_json(capsys, *SMALL)
+    assert strict.pop("assumptions") == [] and assumed.pop("assumptions")
+    strict["summary"].pop("seconds"), assumed["summary"].pop("seconds")
+    assert strict == assumed  # the file states the defaults the plain search assumed
+
+
 def test_the_ranking_csv_lists_every_kept_plan_in_rank_order(capsys, tmp_path: Path) -> None:
     out = tmp_path / "ranking.csv"
     data = search_json(capsys, *TIGHT, "--top", "3", "--ranking-csv", str(out))
