@@ -151,6 +151,13 @@ def check_layout(
             f"schedule 'dualpipev' needs at least 2·pp = {2 * lay.pp} micro-batches, not "
             f"{lay.num_microbatches}; raise --gbs, or lower --mbs or --pp"
         )
+    if lay.schedule == "interleaved" and lay.pp > 1 and lay.num_microbatches % lay.pp:
+        # Megatron's interleaved schedule runs the micro-batches in groups of pp per
+        # virtual stage; the search refuses the same layouts by name.
+        raise InvalidInputError(
+            f"schedule 'interleaved' needs the micro-batches ({lay.num_microbatches}) to be a "
+            f"multiple of pp ({lay.pp}); change --gbs or --mbs, or use --schedule 1f1b"
+        )
     if heads % lay.tp:
         raise InvalidInputError(
             f"tp({lay.tp}) does not divide the attention heads({heads}); choose a divisor"

@@ -162,9 +162,16 @@ def case_st(draw, uneven: bool = True, schedules: tuple[str, ...] | None = None)
     layout = Layout(
         tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp, schedule=schedule,
         mbs=draw(st.sampled_from([1, 2])),
-        # DualPipeV runs only with m ≥ 2·pp (its step asserts it; check_layout and the
-        # search refuse fewer).
-        num_microbatches=draw(st.integers(2 * pp if schedule == "dualpipev" else 1, 8)),
+        # DualPipeV runs only with m ≥ 2·pp (its step asserts it), interleaved only with m a
+        # multiple of pp (Megatron groups the micro-batches by pp); check_layout and the
+        # search refuse the rest. A hypothesis run found a 0.016 % non-monotone step at
+        # interleaved pp 2, m 1: both DP windows grew by almost the critical stage's
+        # growth while the pipeline grew by it once.
+        num_microbatches=(
+            pp * draw(st.integers(1, 4))
+            if schedule == "interleaved"
+            else draw(st.integers(2 * pp if schedule == "dualpipev" else 1, 8))
+        ),
         zero=draw(st.sampled_from([0, 1, 2, 3])),
         sp=draw(st.booleans()),
         recompute=draw(st.sampled_from(["none", "selective", "full"])),

@@ -779,6 +779,23 @@ def test_dualpipev_needs_twice_pp_micro_batches(planner) -> None:
         planner.estimate(ctx, layout)
 
 
+def test_interleaved_needs_micro_batches_in_multiples_of_pp(planner) -> None:
+    """Megatron's interleaved schedule groups the micro-batches by pp: the search refuses
+    other counts under their own name, and estimate refuses such a layout."""
+    ctx, _ = make_ctx(planner, "llama-3-8b", 16, 24, 4096)
+    space = SearchSpace(schedule=("interleaved",), recompute=("full",))
+    enum = enumerate_candidates(ctx, space, record=True)
+    refused = [d for d, r in enum.refusals if r == "interleaved_needs_microbatches_multiple_of_pp"]
+    assert refused and all(d["num_microbatches"] % d["pp"] for d in refused)
+    layout = Layout(dp=4, pp=4, vpp=2, num_microbatches=6, schedule="interleaved", recompute="full")
+    with pytest.raises(
+        InvalidInputError, match=r"micro-batches \(6\) to be a multiple of pp \(4\)"
+    ):
+        planner.estimate(ctx, layout)
+    runnable = layout.model_copy(update={"dp": 2, "tp": 2, "num_microbatches": 12})
+    assert planner.estimate(ctx, runnable).time.step_s > 0
+
+
 def test_one_replica_is_ranked_under_one_zero_stage(planner, tiny) -> None:
     """With a single data-parallel replica every ZeRO stage shards over one rank, so the
     layout is generated once (the framework's default stage) — unless the user fixes the
