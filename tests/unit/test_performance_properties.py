@@ -426,6 +426,11 @@ def dualpipev_zero3_ring_cp(case: Case) -> bool:
 MONOTONE_CASES = st.one_of(case_st(uneven=False), case_st(schedules=("1f1b", "gpipe")))
 """Even splits on every schedule; uneven ones on 1F1B/GPipe (interleaved and DualPipeV with
 uneven stages: their own tests below)."""
+UNEVEN_V_CASES = case_st(schedules=("interleaved", "dualpipev")).filter(
+    lambda c: not dualpipev_zero3_ring_cp(c)
+)
+"""Interleaved and DualPipeV, uneven splits included, outside the known DualPipeV + ZeRO-3 +
+ring CP defect (its strict xfail below); a hypothesis run drew one (A100, cp 4, m 4) there."""
 
 
 @FAST
@@ -494,7 +499,7 @@ def head_stage_case(schedule: str, heads: int = 8, cp: int = 1) -> Case:
 @FAST
 @example(case=head_stage_case("dualpipev"), factor=2.0)
 @example(case=head_stage_case("interleaved"), factor=2.0)
-@given(case_st(schedules=("interleaved", "dualpipev")), PEAK)
+@given(UNEVEN_V_CASES, PEAK)
 def test_higher_peak_never_slower_with_uneven_interleaved_or_dualpipev_stages(
     case: Case, factor: float
 ) -> None:
@@ -504,7 +509,7 @@ def test_higher_peak_never_slower_with_uneven_interleaved_or_dualpipev_stages(
 
 @FAST
 @example(case=head_stage_case("dualpipev", heads=32), up=1.0, out=1.0, hbm=2.0)
-@given(case_st(schedules=("interleaved", "dualpipev")), FACTOR, FACTOR, FACTOR)
+@given(UNEVEN_V_CASES, FACTOR, FACTOR, FACTOR)
 def test_more_bandwidth_never_slower_with_uneven_interleaved_or_dualpipev_stages(
     case: Case, up: float, out: float, hbm: float
 ) -> None:
