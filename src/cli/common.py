@@ -113,15 +113,21 @@ FILE_JOB_FIELDS = tuple(f for f in Job.model_fields if f not in ("global_batch_s
 """What a --job file may state; the batch and sequence come from their required flags."""
 
 
+def read_yaml(path: Path, what: str) -> Any:
+    """A user's YAML/JSON file (``what``: "job", "sweep", ...), or one line saying why not;
+    None when it is empty."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInputError(f"{path}: cannot read the {what} file ({exc.strerror})") from None
+    except yaml.YAMLError as exc:
+        raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+
+
 def load_job_file(path: Path) -> dict[str, Any]:
     """``--job FILE``: a mapping of job fields, keys checked (values are checked with the
     flags', by ``Job``)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InvalidInputError(f"{path}: cannot read the job file ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "job")
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
@@ -41,6 +40,7 @@ from .common import (
     SeqOpt,
     TpOverlapOpt,
     build_context,
+    read_yaml,
 )
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
@@ -95,14 +95,7 @@ def parse_vary(values: list[str] | None) -> set[str] | None:
 
 def load_space_file(path: Path) -> dict[str, Any]:
     """``--space FILE.yaml``: per dimension a scalar (fixed), a list (candidates) or ``auto``."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InvalidInputError(
-            f"{path}: cannot read the search-space file ({exc.strerror})"
-        ) from None
-    except yaml.YAMLError as exc:
-        raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "search-space")
     if data is None:
         return {}
     return space_values(data, str(path))

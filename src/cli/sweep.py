@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from rich.text import Text
 
 from ndplan.core.assumptions import AssumptionRecorder
@@ -27,7 +26,14 @@ from ndplan.core.units import GiB
 from ndplan.planner import Planner
 from ndplan.sweep import ROW_FIELDS, Scenario, SweepRecipe, run_sweep
 
-from .common import CalibrationOpt, FrameworkOpt, JobInputs, MaxMemOpt, PrecisionOpt
+from .common import (
+    CalibrationOpt,
+    FrameworkOpt,
+    JobInputs,
+    MaxMemOpt,
+    PrecisionOpt,
+    read_yaml,
+)
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import print_json, stdout, table, write_atomic
@@ -49,12 +55,7 @@ FLAGS = {
 
 def load_sweep_file(path: Path) -> dict[str, Any]:
     """A sweep YAML: grid keys (scalars or lists), shared settings, optional ``scenarios``."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InvalidInputError(f"{path}: cannot read the sweep file ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    data = read_yaml(path, "sweep")
     if data is None:
         return {}
     if not isinstance(data, dict):
