@@ -442,9 +442,7 @@ def fit_calibration(
     prior_strength = PRIOR_ERROR_SCALE**2 / weights.sum()
     calls = 0
 
-    def data_loss(x: np.ndarray) -> float:
-        cal = space.calibration(x)
-        results = compare(planner, usable, cal)
+    def weighted_loss(results: list[RowResult]) -> float:
         if len(results) != len(usable):
             return math.inf
         errors = np.array([math.log(r.predicted_s / r.measured_s) for r in results])
@@ -457,7 +455,8 @@ def fit_calibration(
         calls += 1
         if progress is not None:
             progress(calls)
-        return data_loss(x) + prior_strength * prior_penalty(x, space.params)
+        results = compare(planner, usable, space.calibration(x))
+        return weighted_loss(results) + prior_strength * prior_penalty(x, space.params)
 
     x, best = coordinate_search(
         objective,
@@ -472,7 +471,7 @@ def fit_calibration(
     fitted = space.calibration(
         x,
         rows=float(len(usable)),
-        loss=data_loss(x),
+        loss=weighted_loss(results),
         prior_penalty=prior_penalty(x, space.params),
         objective=best,
         median_abs_error=stats.median,
