@@ -329,6 +329,9 @@ class RunInterpreter:
             return skip(f"fp4 on {device.id}, which has no fp4 rate")
         moe = any(isinstance(k.ffn, MoEFFN) for k in model.kinds)
         nvidia_perf = short in ("megatron-bridge", "nemo", "nemo-cp")
+        nemo_1 = short in ("nemo", "nemo-cp") and row.get("release_or_date", "").startswith(
+            "NeMo 24."
+        )
         job_framework = "torchtitan" if framework == "composer" else framework
         try:
             job = Job(
@@ -346,6 +349,9 @@ class RunInterpreter:
                 # Megatron-LM in 2022 ran its TP collectives in line: the overlap with
                 # the GEMMs (Transformer Engine's userbuffers) came in 2023.
                 tp_comm_overlap=False if short == "korthikanti-2022" else None,
+                # NeMo 24.x ran NeMo 1.0 launcher configs, which leave fp8_params at its
+                # default (off); NeMo 2.0's and Megatron-Bridge's fp8 recipes turn it on.
+                fp8_param_gather=False if nemo_1 else None,
                 finetune="lora" if row.get("workload", "").lower() == "lora" else "full",
             )
             layout = Layout(

@@ -100,6 +100,16 @@ TpOverlapOpt = Annotated[
     ),
 ]
 
+Fp8ParamsOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--fp8-param-gather/--no-fp8-param-gather",
+        help="Whether fp8/MXFP8 weights are the parameters, with no bf16 copy (Megatron "
+        "--fp8-param-gather) [default: on with the distributed optimizer].",
+        show_default=False,
+    ),
+]
+
 JobFileOpt = Annotated[
     Path | None,
     typer.Option(
@@ -151,6 +161,7 @@ class JobInputs:
     dropout: float | None
     grad_dtype: str | None = None
     tp_comm_overlap: bool | None = None
+    fp8_param_gather: bool | None = None
     file: Path | None = None
 
     def job(self) -> Job:
@@ -161,6 +172,7 @@ class JobInputs:
             "dropout": self.dropout,
             "grad_reduce_dtype": self.grad_dtype,
             "tp_comm_overlap": self.tp_comm_overlap,
+            "fp8_param_gather": self.fp8_param_gather,
         }
         stated = {k: v for k, v in flags.items() if v is not None}
         from_file = load_job_file(self.file) if self.file is not None else {}

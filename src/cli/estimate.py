@@ -17,6 +17,7 @@ from .common import (
     DeviceOpt,
     DevicesOpt,
     DropoutOpt,
+    Fp8ParamsOpt,
     FrameworkOpt,
     GbsOpt,
     GradDtypeOpt,
@@ -162,6 +163,7 @@ def estimate(
     dropout: DropoutOpt = None,
     grad_dtype: GradDtypeOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
+    fp8_param_gather: Fp8ParamsOpt = None,
     job_file: JobFileOpt = None,
     memory_mode: Annotated[
         str,
@@ -207,6 +209,7 @@ def estimate(
         dropout,
         grad_dtype,
         tp_comm_overlap,
+        fp8_param_gather,
         file=job_file,
     )
     planner, pctx = build_context(

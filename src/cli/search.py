@@ -27,6 +27,7 @@ from .common import (
     DeviceOpt,
     DevicesOpt,
     DropoutOpt,
+    Fp8ParamsOpt,
     FrameworkOpt,
     GbsOpt,
     GradDtypeOpt,
@@ -393,6 +394,7 @@ def search_cmd(
     dropout: DropoutOpt = None,
     grad_dtype: GradDtypeOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
+    fp8_param_gather: Fp8ParamsOpt = None,
     job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = 0.0,
@@ -470,6 +472,7 @@ def search_cmd(
             dropout,
             grad_dtype,
             tp_comm_overlap,
+            fp8_param_gather,
             file=job_file,
         )
         planner, pctx = build_context(

@@ -44,6 +44,9 @@ class FrameworkTraits:
     uneven_pipeline: bool
     dp_bucket_bytes: int
     """Gradient bucket memory outside the gradient buffer (DDP/DeepSpeed buckets)."""
+    fp8_primary_weights: bool
+    """Quantised weights can be the parameters themselves, gathered by the distributed
+    optimizer (Megatron's --fp8-param-gather)."""
 
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {
@@ -62,6 +65,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         expert_tp=True,
         uneven_pipeline=True,
         dp_bucket_bytes=0,
+        fp8_primary_weights=True,
     ),
     "torchtitan": FrameworkTraits(
         name="torchtitan",
@@ -78,6 +82,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         expert_tp=True,
         uneven_pipeline=True,
         dp_bucket_bytes=50 * MiB,
+        fp8_primary_weights=False,
     ),
     "mindformers": FrameworkTraits(
         name="mindformers",
@@ -94,6 +99,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         expert_tp=True,
         uneven_pipeline=True,
         dp_bucket_bytes=0,
+        fp8_primary_weights=False,
     ),
     "deepspeed": FrameworkTraits(
         name="deepspeed",
@@ -110,6 +116,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         expert_tp=False,
         uneven_pipeline=False,
         dp_bucket_bytes=2 * 500_000_000 * 2,
+        fp8_primary_weights=False,
     ),
 }
 

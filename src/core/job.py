@@ -68,6 +68,13 @@ class Job(Frozen):
     (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers; torchtitan's
     async TP), hiding the framework's fitted share; False exposes them whole. On when
     unstated: performance recipes turn it on."""
+    fp8_param_gather: bool | None = None
+    """Whether fp8/MXFP8-quantised linear weights are the model's parameters (Megatron's
+    ``--fp8-param-gather``): no bf16 copy of them is kept beside the quantised one, the
+    fp32 master lives in the distributed optimizer, and per-tensor fp8 weights are
+    all-gathered in fp8. Read only where it applies (Megatron, fp8 or MXFP8, distributed
+    optimizer, full training); on when unstated: NeMo's and Megatron-Bridge's fp8 and
+    MXFP8 recipes turn it on."""
 
 
 JOB_DEFAULTS: dict[str, Any] = {
@@ -80,6 +87,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "moe_capacity_factor": 1.0,
     "finetune": "full",
     "tp_comm_overlap": True,
+    "fp8_param_gather": True,
 }
 FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype")
 """Fields whose default depends on the framework (read from its traits)."""

@@ -56,6 +56,21 @@ def low_precision_copies(precision: str, device: DeviceSpec) -> int:
     return 1 if precision == "fp8" and device.fp8_any_layout else 2
 
 
+def fp8_primary_weights(ctx: PricingContext, layout: Layout) -> bool:
+    """Whether the quantised linear weights are the parameters themselves (Megatron's
+    --fp8-param-gather): the distributed optimizer (or Megatron-FSDP) holds the fp32
+    master, and it exists for the tensor-wise fp8 and MXFP8 recipes (not block-wise fp8
+    or NVFP4). The job setting is read last: an assumption only where it applies."""
+    job = ctx.settings
+    return (
+        ctx.framework.fp8_primary_weights
+        and layout.zero >= 1
+        and job.precision in ("fp8", "mxfp8")
+        and job.finetune == "full"
+        and job.fp8_param_gather
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Tensor:
     """One saved tensor of a layer's forward, per micro-batch, on one device."""
@@ -342,6 +357,14 @@ class NdplanMemoryModel:
             per_weight = LOW_PRECISION_WEIGHT_BYTES[job.precision] / 2
             copies = low_precision_copies(job.precision, ctx.device)
             parts["low_precision_weights"] = per_weight * copies * linear / shard
+            if fp8_primary_weights(ctx, layout):
+                # No bf16 copy of the quantised weights beside them (MXFP8 gathers in bf16
+                # through the gradient buffer, then quantises in place).
+                dense_linear = (linear - expert) / shard
+                expert_linear = expert / (expert_shard if layout.zero >= 3 else 1)
+                parts["weights"] = max(
+                    0.0, parts["weights"] - param_bytes * (dense_linear + expert_linear)
+                )
         return parts
 
     def _buffer_parts(

@@ -28,7 +28,13 @@ from .collectives import (
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import core_attention_flops, count_flops
 from .layout import Layout
-from .memory import ACTIVATION_BYTES, NdplanMemoryModel, low_precision_copies, padded_vocab
+from .memory import (
+    ACTIVATION_BYTES,
+    NdplanMemoryModel,
+    fp8_primary_weights,
+    low_precision_copies,
+    padded_vocab,
+)
 from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
 from .plan import TimeBreakdown
 from .ports import Recompute
@@ -667,6 +673,9 @@ class NdplanCostModel:
     ) -> tuple[float, float]:
         """(parameter all-gather, gradient reduce-scatter) seconds of one stage's state
         over its data-parallel (and expert-data-parallel) groups."""
+        # Per-tensor fp8 parameters gather as they are stored, a byte each; MXFP8 ones
+        # gather in bf16 through the gradient buffer and are quantised after.
+        fp8_gather = fp8_primary_weights(ctx, layout) and ctx.settings.precision == "fp8"
         key = (
             "dp_volumes",
             stage.role[:4],
@@ -676,13 +685,18 @@ class NdplanCostModel:
             layout.ep,
             layout.expert_tp,
             layout.pp,
+            fp8_gather,
         )
         found = ctx.cache.get(key)
         if found is None:
             links = self.links(ctx, layout)
-            dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
+            dense, expert, linear = self._memory.stage_parameters(ctx, layout, stage)
             grad_bytes = ctx.settings.grad_reduce_bytes
-            gather = all_gather_s(links.dp, dense * 2) + all_gather_s(links.expert_dp, expert * 2)
+            dense_bytes = 2 * dense - (linear - expert if fp8_gather else 0.0)
+            expert_bytes = (1 if fp8_gather else 2) * expert
+            gather = all_gather_s(links.dp, dense_bytes) + all_gather_s(
+                links.expert_dp, expert_bytes
+            )
             scatter = reduce_scatter_s(links.dp, dense * grad_bytes) + reduce_scatter_s(
                 links.expert_dp, expert * grad_bytes
             )

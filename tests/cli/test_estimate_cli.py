@@ -233,6 +233,25 @@ def test_no_tp_comm_overlap_exposes_the_tp_collectives(capsys: pytest.CaptureFix
     assert off["time"]["parts"]["forward"] == default["time"]["parts"]["forward"]
 
 
+def test_fp8_parameters_drop_the_bf16_weights_unless_turned_off(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = (*LLAMA_8B, "-n", "16", "--gbs", "32", "-s", "4096", "--precision", "fp8")
+    code, out, err = invoke(capsys, *args, "--json")
+    assert code == 0, err
+    assert "job.fp8_param_gather=True" in err  # an assumption, said so
+    default = json.loads(out)
+    off = estimate_json(capsys, *args, "--no-fp8-param-gather")
+    weights = [s["parts"]["weights"] for s in default["memory"]["stages"]]
+    kept = [s["parts"]["weights"] for s in off["memory"]["stages"]]
+    assert all(w < k / 4 for w, k in zip(weights, kept, strict=True))
+    assert default["time"]["parts"]["dp_comm"] <= off["time"]["parts"]["dp_comm"]
+    assert (
+        default["memory"]["stages"][0]["parts"]["low_precision_weights"]
+        == (off["memory"]["stages"][0]["parts"]["low_precision_weights"])
+    )
+
+
 EVERY_JOB_FIELD = """\
 precision: bf16
 optimizer: adam
@@ -245,6 +264,7 @@ grad_reduce_dtype: fp32
 finetune: full
 moe_capacity_factor: 1.0
 tp_comm_overlap: true
+fp8_param_gather: true
 """
 STATED_LAYOUT = ("--tp", "2", "--zero", "1", "--sp", "--schedule", "1f1b")
 

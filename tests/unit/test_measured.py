@@ -343,6 +343,23 @@ def test_megatron_2022_rows_run_their_tp_collectives_in_line(interpreter: RunInt
     assert exposed > overlapped > 0
 
 
+def test_nemo_1_rows_keep_bf16_weights_beside_their_fp8_copies(interpreter: RunInterpreter) -> None:
+    """NeMo 24.x performance runs used NeMo 1.0 launcher configs, which leave fp8_params
+    off; NeMo 2.0 (25.x) and Megatron-Bridge recipes turn --fp8-param-gather on, so their
+    rows keep the default."""
+    nemo_1 = case(interpreter, 300)  # NeMo 24.07, LLAMA2-70B fp8
+    assert nemo_1.job.precision == "fp8" and nemo_1.job.fp8_param_gather is False
+    for row in (36, 261):  # Megatron-Bridge fp8 rows
+        assert case(interpreter, row).job.fp8_param_gather is None
+    planner = Planner()
+    ctx = planner.context(nemo_1.model, nemo_1.device, nemo_1.num_devices, nemo_1.job)
+    kept = planner.estimate(ctx, nemo_1.layout).memory.stages[0].parts["weights"]
+    primary_job = nemo_1.job.model_copy(update={"fp8_param_gather": True})
+    ctx = planner.context(nemo_1.model, nemo_1.device, nemo_1.num_devices, primary_job)
+    primary = planner.estimate(ctx, nemo_1.layout).memory.stages[0].parts["weights"]
+    assert primary < kept / 4
+
+
 def test_megatron_bridge_deepseek_v3_rows_run_the_recipes_uneven_split(
     interpreter: RunInterpreter,
 ) -> None:

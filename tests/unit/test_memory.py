@@ -279,7 +279,7 @@ def test_fp8_adds_low_precision_weight_copies(planner: Planner, precision: str) 
     model = llama()
     layout = Layout(dp=4, tp=2, zero=1, num_microbatches=2)
     bf16 = make_ctx(planner, model, layout, precision="bf16")
-    fp8 = make_ctx(planner, model, layout, precision=precision)
+    fp8 = make_ctx(planner, model, layout, precision=precision, fp8_param_gather=False)
     ((stage,), (plain,), (low,)) = (
         bf16.placement(layout),
         static_parts(bf16, layout),
@@ -291,6 +291,58 @@ def test_fp8_adds_low_precision_weight_copies(planner: Planner, precision: str) 
     assert low["low_precision_weights"] == pytest.approx(expected, abs=1)
     for part in STATE_PARTS:  # the master state does not change with the GEMM recipe
         assert low[part] == plain[part]
+
+
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
+@pytest.mark.parametrize("zero", [1, 3])
+def test_fp8_parameters_keep_no_bf16_copy_of_the_quantised_weights(
+    planner: Planner, precision: str, zero: int
+) -> None:
+    """Megatron's --fp8-param-gather: the quantised weights are the parameters, so the
+    bf16 copy of every linear weight goes (its fp32 master is in the distributed
+    optimizer); norms and the embedding stay bf16, gradients and optimizer state stay."""
+    model = llama()
+    layout = Layout(dp=4, tp=2, zero=zero, num_microbatches=2)
+    kept = make_ctx(planner, model, layout, precision=precision, fp8_param_gather=False)
+    primary = make_ctx(planner, model, layout, precision=precision, fp8_param_gather=True)
+    ((stage,), (before,), (after,)) = (
+        kept.placement(layout),
+        static_parts(kept, layout),
+        static_parts(primary, layout),
+    )
+    dense, _, linear = NdplanMemoryModel().stage_parameters(primary, layout, stage)
+    shard = layout.dp if zero >= 3 else 1
+    assert after["weights"] == pytest.approx(2 * (dense - linear) / shard, abs=1)
+    assert before["weights"] - after["weights"] == pytest.approx(2 * linear / shard, abs=1)
+    for part in ("gradients", "optimizer", "low_precision_weights"):
+        assert after[part] == before[part]
+
+
+@pytest.mark.parametrize(
+    ("framework", "precision", "zero", "finetune"),
+    [
+        ("megatron", "fp8-blockwise", 1, "full"),  # Megatron-Bridge: no param gather
+        ("megatron", "fp4", 1, "full"),
+        ("megatron", "bf16", 1, "full"),
+        ("megatron", "fp8", 0, "full"),  # no distributed optimizer to hold the master
+        ("megatron", "fp8", 1, "lora"),
+        ("torchtitan", "fp8", 3, "full"),
+    ],
+)
+def test_fp8_parameters_are_read_only_where_they_exist(
+    planner: Planner, framework: str, precision: str, zero: int, finetune: str
+) -> None:
+    model = llama()
+    layout = Layout(dp=4, tp=2, zero=zero, num_microbatches=2)
+    job = {"precision": precision, "framework": framework, "finetune": finetune}
+    unstated = make_ctx(planner, model, layout, **job)
+    stated = make_ctx(planner, model, layout, **job, fp8_param_gather=False)
+    assert static_parts(unstated, layout) == static_parts(stated, layout)
+    assert "job.fp8_param_gather" not in [a.field for a in unstated.recorder.items]
+    applies = make_ctx(planner, model, Layout(dp=4, tp=2, zero=1, num_microbatches=2),
+                       precision="fp8")  # fmt: skip
+    static_parts(applies, Layout(dp=4, tp=2, zero=1, num_microbatches=2))
+    assert "job.fp8_param_gather" in [a.field for a in applies.recorder.items]
 
 
 @pytest.mark.parametrize(("precision", "copies"), [("fp8", 1), ("mxfp8", 2), ("fp8-blockwise", 2)])

@@ -707,6 +707,33 @@ def test_dp_volumes_by_hand() -> None:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("zero", [1, 3])
+def test_fp8_parameters_gather_a_byte_each_and_mxfp8_ones_in_bf16(zero: int) -> None:
+    """With --fp8-param-gather, per-tensor fp8 linear weights are gathered as stored (one
+    byte); MXFP8 ones travel in bf16 through the gradient buffer. Norms and the embedding
+    stay bf16; gradients are untouched."""
+    cm = NdplanCostModel()
+    for model, layout in (
+        (dense_model(), Layout(dp=4, zero=zero, num_microbatches=2)),
+        (moe_model(), Layout(dp=8, ep=4, zero=zero, num_microbatches=2)),
+    ):
+        off = make_ctx(layout, model, precision="fp8", fp8_param_gather=False)
+        on = make_ctx(layout, model, precision="fp8", fp8_param_gather=True)
+        stage = on.placement(layout)[0]
+        dense, expert, linear = NdplanMemoryModel().stage_parameters(on, layout, stage)
+        links = cm.links(on, layout)
+        ((gather, scatter),) = volumes(cm, on, layout)
+        assert gather == pytest.approx(
+            all_gather_s(links.dp, 2 * dense - (linear - expert))
+            + all_gather_s(links.expert_dp, expert),
+            rel=1e-12,
+        )
+        ((gather_off, scatter_off),) = volumes(cm, off, layout)
+        assert gather < gather_off and scatter == scatter_off
+        mx = make_ctx(layout, model, precision="mxfp8", fp8_param_gather=True)
+        assert volumes(cm, mx, layout) == volumes(cm, off, layout)
+
+
 def test_dp_all_reduce_by_hand_and_its_clamp() -> None:
     """ZeRO-0: an all-reduce (twice a reduce-scatter's bytes) under the backward window."""
     _, dense, _, link, _ = dp_case(0, 0.0, 0.0)
