@@ -352,6 +352,9 @@ class RunInterpreter:
                 # NeMo 24.x ran NeMo 1.0 launcher configs, which leave fp8_params at its
                 # default (off); NeMo 2.0's and Megatron-Bridge's fp8 recipes turn it on.
                 fp8_param_gather=False if nemo_1 else None,
+                # Megatron-Bridge pairs Megatron-FSDP with activation offload
+                # (cpu_offloading_num_layers in its Llama-3/3.1 performance recipes).
+                activation_offload=True if short == "megatron-bridge" and zero == 3 else None,
                 finetune="lora" if row.get("workload", "").lower() == "lora" else "full",
             )
             layout = Layout(

@@ -110,6 +110,16 @@ Fp8ParamsOpt = Annotated[
     ),
 ]
 
+ActivationOffloadOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--activation-offload/--no-activation-offload",
+        help="Whether the per-layer recompute choice may offload activations to host memory "
+        "(Megatron --cpu-offloading) [default: off].",
+        show_default=False,
+    ),
+]
+
 JobFileOpt = Annotated[
     Path | None,
     typer.Option(
@@ -162,6 +172,7 @@ class JobInputs:
     grad_dtype: str | None = None
     tp_comm_overlap: bool | None = None
     fp8_param_gather: bool | None = None
+    activation_offload: bool | None = None
     file: Path | None = None
 
     def job(self) -> Job:
@@ -173,6 +184,7 @@ class JobInputs:
             "grad_reduce_dtype": self.grad_dtype,
             "tp_comm_overlap": self.tp_comm_overlap,
             "fp8_param_gather": self.fp8_param_gather,
+            "activation_offload": self.activation_offload,
         }
         stated = {k: v for k, v in flags.items() if v is not None}
         from_file = load_job_file(self.file) if self.file is not None else {}

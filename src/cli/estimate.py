@@ -12,6 +12,7 @@ from ndplan.core.layout import Layout
 from ndplan.planner import PricingOptions
 
 from .common import (
+    ActivationOffloadOpt,
     AttentionOpt,
     CalibrationOpt,
     DeviceOpt,
@@ -164,6 +165,7 @@ def estimate(
     grad_dtype: GradDtypeOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
     fp8_param_gather: Fp8ParamsOpt = None,
+    activation_offload: ActivationOffloadOpt = None,
     job_file: JobFileOpt = None,
     memory_mode: Annotated[
         str,
@@ -210,6 +212,7 @@ def estimate(
         grad_dtype,
         tp_comm_overlap,
         fp8_param_gather,
+        activation_offload,
         file=job_file,
     )
     planner, pctx = build_context(

@@ -22,6 +22,7 @@ from ndplan.core.search import FIELDS, SearchOutcome
 from ndplan.planner import PricingOptions
 
 from .common import (
+    ActivationOffloadOpt,
     AttentionOpt,
     CalibrationOpt,
     DeviceOpt,
@@ -191,6 +192,7 @@ SHARE_NAMES = (
     ("tp_comm", "tp"),
     ("cp_comm", "cp"),
     ("ep_comm", "ep"),
+    ("offload", "actoff"),
     ("pp_comm", "pp"),
     ("bubble", "bub"),
     ("dp_comm", "dp"),
@@ -395,6 +397,7 @@ def search_cmd(
     grad_dtype: GradDtypeOpt = None,
     tp_comm_overlap: TpOverlapOpt = None,
     fp8_param_gather: Fp8ParamsOpt = None,
+    activation_offload: ActivationOffloadOpt = None,
     job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = 0.0,
@@ -473,6 +476,7 @@ def search_cmd(
             grad_dtype,
             tp_comm_overlap,
             fp8_param_gather,
+            activation_offload,
             file=job_file,
         )
         planner, pctx = build_context(

@@ -12,6 +12,10 @@ from dataclasses import dataclass
 from .errors import InvalidInputError
 from .units import MiB
 
+OFFLOAD = "offload"
+"""The activation-offload option: a layer's saved activations go to host memory after
+its forward and come back before its backward (Megatron's --cpu-offloading)."""
+
 SWITCHES = ("core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn")
 """Recomputable ops (spec/recompute.md): core attention (scores/softmax, or the flash
 kernel's saved state), the norms, the FFN activation function, the sequence-parallel
@@ -45,6 +49,9 @@ class FrameworkTraits:
     dp_bucket_bytes: int
     """Gradient bucket memory outside the gradient buffer (DDP/DeepSpeed buckets)."""
     fp8_primary_weights: bool
+    activation_offload: bool
+    """Layers can offload their saved activations to host memory (Megatron's
+    --cpu-offloading, Transformer Engine's offload context)."""
     """Quantised weights can be the parameters themselves, gathered by the distributed
     optimizer (Megatron's --fp8-param-gather)."""
 
@@ -66,6 +73,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         uneven_pipeline=True,
         dp_bucket_bytes=0,
         fp8_primary_weights=True,
+        activation_offload=True,
     ),
     "torchtitan": FrameworkTraits(
         name="torchtitan",
@@ -83,6 +91,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         uneven_pipeline=True,
         dp_bucket_bytes=50 * MiB,
         fp8_primary_weights=False,
+        activation_offload=False,
     ),
     "mindformers": FrameworkTraits(
         name="mindformers",
@@ -100,6 +109,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         uneven_pipeline=True,
         dp_bucket_bytes=0,
         fp8_primary_weights=False,
+        activation_offload=False,
     ),
     "deepspeed": FrameworkTraits(
         name="deepspeed",
@@ -117,6 +127,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         uneven_pipeline=False,
         dp_bucket_bytes=2 * 500_000_000 * 2,
         fp8_primary_weights=False,
+        activation_offload=False,
     ),
 }
 

@@ -76,6 +76,11 @@ class Job(Frozen):
     optimizer, full training); on when unstated: NeMo's and Megatron-Bridge's fp8 and
     MXFP8 recipes turn it on."""
 
+    activation_offload: bool | None = None
+    """Whether the per-layer recompute choice may also offload a layer's saved
+    activations to host memory (Megatron's --cpu-offloading): priced over the host link,
+    hidden behind the next layer's compute. Off when unstated, as in Megatron."""
+
 
 JOB_DEFAULTS: dict[str, Any] = {
     "precision": "bf16",
@@ -88,6 +93,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "finetune": "full",
     "tp_comm_overlap": True,
     "fp8_param_gather": True,
+    "activation_offload": False,
 }
 FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype")
 """Fields whose default depends on the framework (read from its traits)."""

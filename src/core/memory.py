@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from .cluster import DeviceSpec
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import KindParameters
+from .frameworks import OFFLOAD
 from .layout import Layout
 from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
 from .plan import MemoryBreakdown, StageMemory
@@ -223,6 +224,8 @@ class NdplanMemoryModel:
     def layer_activation_bytes(
         self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
     ) -> int:
+        if recompute is not None and OFFLOAD in recompute:
+            return 0  # on the host between its forward and its backward
         forced = ctx.framework.forced_switches
         return activation_bytes(layer_tensors(ctx, layout, kind), recompute, forced)
 

@@ -27,6 +27,7 @@ from .collectives import (
 )
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import core_attention_flops, count_flops
+from .frameworks import OFFLOAD
 from .layout import Layout
 from .memory import (
     ACTIVATION_BYTES,
@@ -46,13 +47,14 @@ TIME_PARTS = (
     "tp_comm",
     "cp_comm",
     "ep_comm",
+    "offload",
     "pp_comm",
     "bubble",
     "dp_comm",
     "optimizer",
     "overhead",
 )
-LAYER_PARTS = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm")
+LAYER_PARTS = ("forward", "backward", "recompute", "tp_comm", "cp_comm", "ep_comm", "offload")
 FLASH_BACKWARD_FACTOR = 2.5
 """Flash attention's backward runs five matmuls against the forward's two."""
 ATTENTION_HALF_KEYS = 460
@@ -506,6 +508,9 @@ class NdplanCostModel:
         found = ctx.cache.get(key)
         if found is not None:
             return found
+        if recompute is not None and OFFLOAD in recompute:
+            found = ctx.cache[key] = self._offloaded_layer_seconds(ctx, layout, kind)
+            return found
         cost = self.layer_cost(ctx, layout, kind)
         ov = self.overlap(ctx)
         forced = ctx.framework.forced_switches
@@ -538,9 +543,24 @@ class NdplanCostModel:
             "tp_comm": tp,
             "cp_comm": cp,
             "ep_comm": ep,
+            "offload": 0.0,
         }
         ctx.cache[key] = found
         return found
+
+    def _offloaded_layer_seconds(
+        self, ctx: PricingContext, layout: Layout, kind: LayerKind
+    ) -> dict[str, float]:
+        """The plain layer, with its saved activations copied to the host after its forward
+        and back before its backward. The copy engines move them while the next layer
+        computes (its forward, then its backward, the same as this one's); what outlasts
+        that compute is exposed. Copy engines hold no SMs, so nothing is charged for the
+        hidden part."""
+        plain = dict(self.layer_seconds(ctx, layout, kind, frozenset()))
+        saved = self._memory.layer_activation_bytes(ctx, layout, kind, frozenset())
+        copy = saved / ctx.device.host_link.bytes_per_s
+        plain["offload"] = max(0.0, copy - plain["forward"]) + max(0.0, copy - plain["backward"])
+        return plain
 
     def recompute_flops(
         self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute

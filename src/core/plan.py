@@ -48,7 +48,7 @@ class TimeBreakdown(Frozen):
 
     step_s: float
     parts: dict[str, float]
-    """forward, backward, recompute, tp_comm, cp_comm, ep_comm, pp_comm, bubble, dp_comm,
+    """forward, backward, recompute, tp_comm, cp_comm, ep_comm, offload, pp_comm, bubble, dp_comm,
     optimizer (seconds)."""
     stage_forward_s: tuple[float, ...] = ()
     """Per stage, one micro-batch's forward (compute and exposed communication)."""

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 Recompute = frozenset[str] | None
 """Which recomputable ops of a layer are recomputed: an empty set keeps everything,
-``None`` recomputes the whole layer (full recompute)."""
+``None`` recomputes the whole layer (full recompute); ``{"offload"}`` recomputes nothing
+and moves the layer's saved activations to host memory between its forward and its
+backward (activation offload)."""
 
 
 @runtime_checkable

@@ -16,7 +16,14 @@ from .layout import Layout
 from .memory import stage_memory
 from .plan import MemoryBreakdown, Plan, RecomputeRange, TimeBreakdown
 from .ports import CostModel, KnapsackSolver, MemoryModel, Recompute
-from .recompute import kind_front, kind_options, option_name, parse_option
+from .recompute import (
+    OFFLOADED,
+    activation_offload_offered,
+    kind_front,
+    kind_options,
+    option_name,
+    parse_option,
+)
 
 Assignment = tuple[tuple[int, int, int, Recompute], ...]
 """Per stage: (kind index, in-flight, layer count, recompute) groups."""
@@ -135,9 +142,13 @@ class Pricer:
         )
 
     def lightest_miss(self, layout: Layout) -> MemoryMiss | None:
-        """None when every stage fits fully recomputed; else the worst stage's overflow."""
+        """None when every stage fits with its lightest option (full recompute, or
+        activation offload where offered); else the worst stage's overflow."""
         stages = self.ctx.placement(layout)
         per_kind = self._kind_bytes(layout, None)
+        if activation_offload_offered(self.ctx):
+            offloaded = self._kind_bytes(layout, OFFLOADED)
+            per_kind = [min(a, b) for a, b in zip(per_kind, offloaded, strict=True)]
         budget = self.ctx.budget_bytes
         worst: MemoryMiss | None = None
         for stage, static in zip(stages, self._static_totals(layout, stages), strict=True):

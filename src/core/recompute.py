@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import combinations
 
 from .context import PricingContext, layer_key
-from .frameworks import SWITCHES
+from .frameworks import OFFLOAD, SWITCHES
 from .kernels.knapsack import LayerOption, pareto_front
 from .layout import Layout
 from .model import LatentAttention, LayerKind, MoEFFN
@@ -22,9 +22,14 @@ FULL = "full"
 NONE = "none"
 
 
+OFFLOADED: Recompute = frozenset({OFFLOAD})
+
+
 def option_name(recompute: Recompute) -> str:
     if recompute is None:
         return FULL
+    if OFFLOAD in recompute:
+        return OFFLOAD
     return "+".join(s for s in SWITCHES if s in recompute) or NONE
 
 
@@ -34,6 +39,17 @@ def parse_option(name: str) -> Recompute:
     if name == NONE:
         return frozenset()
     return frozenset(name.split("+"))
+
+
+def activation_offload_offered(ctx: PricingContext) -> bool:
+    """Whether layers may offload their activations: the framework can, the device has a
+    host link, and the job asks for it (read last: an assumption only where it could
+    apply)."""
+    return (
+        ctx.framework.activation_offload
+        and ctx.device.host_link.bytes_per_s > 0
+        and bool(ctx.settings.activation_offload)
+    )
 
 
 def applicable_switches(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple[str, ...]:
@@ -57,7 +73,7 @@ def kind_options(
     ctx: PricingContext, layout: Layout, kind: LayerKind, memory: MemoryModel, cost: CostModel
 ) -> tuple[tuple[LayerOption, Recompute], ...]:
     """Every option of ``kind`` at this candidate's degrees: plain, each combination of
-    the applicable switches, and full recompute."""
+    the applicable switches, full recompute, and activation offload where offered."""
     key = ("options", kind.name, *layer_key(layout))
     found = ctx.cache.get(key)
     if found is not None:
@@ -67,6 +83,8 @@ def kind_options(
     for size in range(1, len(switches) + 1):
         choices.extend(frozenset(c) for c in combinations(switches, size))
     choices.append(None)
+    if activation_offload_offered(ctx):
+        choices.append(OFFLOADED)
     out = []
     for rec in choices:
         secs = cost.layer_seconds(ctx, layout, kind, rec)

@@ -35,6 +35,7 @@ from .model import MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
 from .pricing import Pricer
+from .recompute import activation_offload_offered
 from .units import GiB
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
@@ -784,15 +785,18 @@ def _closest_message(ctx: PricingContext, closest: tuple[int, int, Candidate] | 
     keys = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "mbs", "zero")
     degrees = " ".join(f"{k} {d[k]}" for k in keys)
     auto = d["recompute"] == "auto"
+    offload = auto and activation_offload_offered(ctx)
+    lightest = "activations offloaded" if offload else "recompute full"
     extras = [
         f"sp {'on' if d['sp'] else 'off'}",
         d["schedule"],
-        f"recompute {'full' if auto else d['recompute']}",
+        lightest if auto else f"recompute {d['recompute']}",
     ]
     if d["offload_optimizer"]:
         extras.append("optimizer offloaded")
     return (
         f"no layout fits in {ctx.budget_bytes / GiB:.2f} GiB per device"
-        f"{' even with full recompute' if auto else ''}; closest: "
+        f"{' even with activation offload' if offload else ''}"
+        f"{' even with full recompute' if auto and not offload else ''}; closest: "
         f"{degrees} ({', '.join(extras)}) is over by {over / GiB:.2f} GiB on stage {stage}"
     )

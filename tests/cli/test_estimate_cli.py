@@ -252,6 +252,20 @@ def test_fp8_parameters_drop_the_bf16_weights_unless_turned_off(
     )
 
 
+def test_activation_offload_joins_the_per_layer_choice_when_asked_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "8", "-s", "16384",
+            "--tp", "8", "--recompute", "auto", "--max-mem", "24.5")  # fmt: skip
+    kept = estimate_json(capsys, *args)
+    assert not kept["memory"]["fits"]  # even the lightest recompute mix is too much
+    assert kept["time"]["parts"]["offload"] == 0
+    offloaded = estimate_json(capsys, *args, "--activation-offload")
+    assert offloaded["memory"]["fits"]
+    assert any(r["option"] == "offload" for r in offloaded["recompute"])
+    assert offloaded["time"]["parts"]["offload"] > 0
+
+
 EVERY_JOB_FIELD = """\
 precision: bf16
 optimizer: adam
@@ -265,6 +279,7 @@ finetune: full
 moe_capacity_factor: 1.0
 tp_comm_overlap: true
 fp8_param_gather: true
+activation_offload: false
 """
 STATED_LAYOUT = ("--tp", "2", "--zero", "1", "--sp", "--schedule", "1f1b")
 

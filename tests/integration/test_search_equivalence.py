@@ -37,13 +37,13 @@ def planner() -> Planner:
         return Planner(bootstrap(entry_points=False))
 
 
-def run_search(planner, model, n, gbs, seq, max_mem, space, *, bounding=True, memo=True):
+def run_search(planner, model, n, gbs, seq, max_mem, space, *, bounding=True, memo=True, job=None):
     opts = PricingOptions(max_mem_gib=max_mem, memoize=memo)
     ctx = planner.context(
         planner.model(model),
         planner.device("h100"),
         n,
-        Job(global_batch_size=gbs, seq_length=seq),
+        Job(global_batch_size=gbs, seq_length=seq, **(job or {})),
         options=opts,
     )
     # PricingOptions.memoize acts through the context: the caches must really be off.
@@ -147,6 +147,16 @@ CASES = {
         50,
         SearchSpace(recompute=("auto",), **FIXED),
     ),
+    "dense-activation-offload-tight": (  # 6 of the top 10 offload some layers
+        "llama-3-8b",
+        8,
+        32,
+        4096,
+        24,
+        SearchSpace(
+            recompute=("auto",), mbs=(1, 2), vpp=(1,), zero=(1, 3), offload_optimizer=(False,)
+        ),
+    ),
     "mla-deepseek-fixed": (
         "deepseek-v2-lite",
         16,
@@ -156,14 +166,19 @@ CASES = {
         SearchSpace(recompute=("none", "full"), mbs=(1,), vpp=(1,), **FIXED),
     ),
 }
+JOBS = {"dense-activation-offload-tight": {"activation_offload": True}}
+"""Job settings of the cases that need them (layers may offload their activations)."""
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_bounding_and_memoisation_change_nothing(planner, case) -> None:
     model, n, gbs, seq, max_mem, space = CASES[case]
-    default = run_search(planner, model, n, gbs, seq, max_mem, space)
-    exhaustive = run_search(planner, model, n, gbs, seq, max_mem, space, bounding=False, memo=False)
-    reused = run_search(planner, model, n, gbs, seq, max_mem, space, bounding=False)
+    job = JOBS.get(case)
+    default = run_search(planner, model, n, gbs, seq, max_mem, space, job=job)
+    exhaustive = run_search(
+        planner, model, n, gbs, seq, max_mem, space, bounding=False, memo=False, job=job
+    )
+    reused = run_search(planner, model, n, gbs, seq, max_mem, space, bounding=False, job=job)
     ds, es = default.result.summary, exhaustive.result.summary
     assert es.bounded == 0 and es.priced == len(exhaustive.ranking) >= TOP
     # The same candidates, accounted the same way.

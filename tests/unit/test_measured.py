@@ -360,6 +360,17 @@ def test_nemo_1_rows_keep_bf16_weights_beside_their_fp8_copies(interpreter: RunI
     assert primary < kept / 4
 
 
+def test_megatron_bridge_fsdp_rows_may_offload_activations(interpreter: RunInterpreter) -> None:
+    """Megatron-Bridge's Megatron-FSDP performance recipes offload the activations of some
+    layers to host memory (cpu_offloading_num_layers); its other rows, and other sources,
+    keep the default (off)."""
+    for row in (77, 268, 270):  # Llama-3 70B / 3.1 405B on GB200, Megatron-FSDP
+        c = case(interpreter, row)
+        assert c.layout.zero == 3 and c.job.activation_offload is True
+    for row in (36, 300, 347):
+        assert case(interpreter, row).job.activation_offload is None
+
+
 def test_megatron_bridge_deepseek_v3_rows_run_the_recipes_uneven_split(
     interpreter: RunInterpreter,
 ) -> None:

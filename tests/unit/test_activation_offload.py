@@ -1,0 +1,110 @@
+"""Activation offload as an option of the per-layer recompute choice (spec/recompute.md:
+an option's ``offload_bytes`` go to host memory after the forward and come back before
+the backward, priced against the host link)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ndplan.core.errors import InfeasibleError
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout, SearchSpace
+from ndplan.core.memory import NdplanMemoryModel
+from ndplan.core.performance import NdplanCostModel
+from ndplan.core.recompute import OFFLOADED, kind_options
+from ndplan.planner import Planner, PricingOptions
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    return Planner()
+
+
+def context(planner: Planner, layout: Layout, *, host_gb_per_s: float | None = None, **job):
+    device = planner.device("h100")
+    if host_gb_per_s is not None:
+        link = device.host_link.model_copy(update={"bandwidth_gb_per_s": host_gb_per_s})
+        device = device.model_copy(update={"host_link": link})
+    gbs = layout.dp * layout.mbs * layout.num_microbatches
+    return planner.context(
+        planner.model("llama-3-8b"),
+        device,
+        layout.devices,
+        Job(global_batch_size=gbs, seq_length=4096, **job),
+    )
+
+
+LAYOUT = Layout(dp=2, tp=2, pp=2, num_microbatches=4, recompute="auto")
+
+
+@pytest.mark.parametrize(
+    ("job", "offered"),
+    [
+        ({"activation_offload": True}, True),
+        ({"activation_offload": False}, False),
+        ({}, False),  # off unless asked for, as in Megatron
+        ({"activation_offload": True, "framework": "torchtitan"}, False),
+        ({"activation_offload": True, "framework": "deepspeed"}, False),
+    ],
+)
+def test_offload_is_an_option_only_where_the_framework_and_the_job_offer_it(
+    planner: Planner, job: dict, offered: bool
+) -> None:
+    ctx = context(planner, LAYOUT, **job)
+    kind = ctx.model.kinds[0]
+    names = [
+        o.name for o, _ in kind_options(ctx, LAYOUT, kind, NdplanMemoryModel(), NdplanCostModel())
+    ]
+    assert ("offload" in names) is offered
+    assert {"none", "full"} <= set(names)
+    # The setting is an assumption only where a framework could offload.
+    fields = [a.field for a in ctx.recorder.items]
+    assert ("job.activation_offload" in fields) is ("activation_offload" not in job)
+
+
+@pytest.mark.parametrize("host_gb_per_s", [1.0, 20.0, 55.0, 1e6])
+def test_an_offloaded_layer_keeps_nothing_and_pays_the_copy_the_next_layer_does_not_hide(
+    planner: Planner, host_gb_per_s: float
+) -> None:
+    ctx = context(planner, LAYOUT, host_gb_per_s=host_gb_per_s, activation_offload=True)
+    kind = ctx.model.kinds[0]
+    memory, cost = NdplanMemoryModel(), NdplanCostModel()
+    assert memory.layer_activation_bytes(ctx, LAYOUT, kind, OFFLOADED) == 0
+    saved = memory.layer_activation_bytes(ctx, LAYOUT, kind, frozenset())
+    plain = cost.layer_seconds(ctx, LAYOUT, kind, frozenset())
+    offloaded = cost.layer_seconds(ctx, LAYOUT, kind, OFFLOADED)
+    copy = saved / (host_gb_per_s * 1e9)
+    exposed = max(0.0, copy - plain["forward"]) + max(0.0, copy - plain["backward"])
+    assert offloaded["offload"] == pytest.approx(exposed, rel=1e-12)
+    assert {k: v for k, v in offloaded.items() if k != "offload"} == {
+        k: v for k, v in plain.items() if k != "offload"
+    }  # it recomputes nothing
+    assert (exposed > 0) is (host_gb_per_s < 100)
+    assert sum(offloaded.values()) >= sum(plain.values())  # never faster than keeping them
+
+
+def test_offload_fits_what_full_recompute_cannot(planner: Planner) -> None:
+    """A stage too small for fully recomputed layers fits with offloaded ones: the search
+    finds plans that offload, and says so when even offload is not enough."""
+    space = SearchSpace(tp=(8,), pp=(1,), cp=(1,), mbs=(1,), zero=(1,), recompute=("auto",),
+                        offload_optimizer=(False,))  # fmt: skip
+    opts = PricingOptions(max_mem_gib=24.5)
+
+    def search(**job):
+        ctx = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 8,
+                              Job(global_batch_size=8, seq_length=16384, **job), options=opts)  # fmt: skip
+        return planner.search(ctx, space, top_k=3, options=opts)
+
+    with pytest.raises(InfeasibleError, match="even with full recompute"):
+        search()
+    plans = search(activation_offload=True).result.plans
+    assert plans and all(p.memory.fits for p in plans)
+    best = plans[0]
+    assert best.time.parts["offload"] > 0
+    assert any(r.option == "offload" for r in best.recompute)
+    too_small = PricingOptions(max_mem_gib=24)
+    ctx = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 8,
+                          Job(global_batch_size=8, seq_length=16384, activation_offload=True),
+                          options=too_small)  # fmt: skip
+    with pytest.raises(InfeasibleError, match="even with activation offload"):
+        planner.search(ctx, space, top_k=3, options=too_small)
