@@ -49,11 +49,11 @@ class FrameworkTraits:
     dp_bucket_bytes: int
     """Gradient bucket memory outside the gradient buffer (DDP/DeepSpeed buckets)."""
     fp8_primary_weights: bool
+    """Quantised weights can be the parameters themselves, gathered by the distributed
+    optimizer (Megatron's --fp8-param-gather)."""
     activation_offload: bool
     """Layers can offload their saved activations to host memory (Megatron's
     --cpu-offloading, Transformer Engine's offload context)."""
-    """Quantised weights can be the parameters themselves, gathered by the distributed
-    optimizer (Megatron's --fp8-param-gather)."""
 
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {

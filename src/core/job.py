@@ -75,7 +75,6 @@ class Job(Frozen):
     all-gathered in fp8. Read only where it applies (Megatron, fp8 or MXFP8, distributed
     optimizer, full training); on when unstated: NeMo's and Megatron-Bridge's fp8 and
     MXFP8 recipes turn it on."""
-
     activation_offload: bool | None = None
     """Whether the per-layer recompute choice may also offload a layer's saved
     activations to host memory (Megatron's --cpu-offloading): priced over the host link,

@@ -261,7 +261,8 @@ class NdplanMemoryModel:
     def stage_parameters(
         self, ctx: PricingContext, layout: Layout, stage: StagePlacement
     ) -> tuple[float, float, float]:
-        """(dense parameters, routed-expert parameters, linear-weight parameters) on one device."""
+        """(dense parameters, routed-expert parameters, quantisable linear-weight parameters:
+        the decoder's, not the embedding or the output layer) on one device."""
         key = ("stage_params", stage.role[:4], layout.tp, layout.ep, layout.expert_tp)
         found = ctx.cache.get(key)
         if found is None:
@@ -291,9 +292,10 @@ class NdplanMemoryModel:
                 linear += model.vision.parameters / t
         if stage.has_head:
             # A tied head shares the embedding only when both sit on one stage.
+            # The output layer runs in bf16 (Megatron's is not a Transformer Engine module,
+            # and the time model prices its GEMM so): it is not a quantised weight.
             if not (model.tie_word_embeddings and stage.has_embedding):
                 dense += embedding
-            linear += embedding
             dense += h * (2 if model.final_norm_bias else 1)
             if stage.has_mtp and ctx.mtp_params is not None:
                 p = ctx.mtp_params

@@ -294,6 +294,20 @@ def test_fp8_adds_low_precision_weight_copies(planner: Planner, precision: str) 
 
 
 @pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
+def test_the_embedding_and_output_layer_keep_no_low_precision_copy(
+    planner: Planner, precision: str
+) -> None:
+    """Transformer Engine quantises the decoder's linear layers; the embedding and the
+    output layer run in bf16 (the time model prices the logits GEMM so). Two stages with
+    the same decoder layers keep the same quantised copies, head or not."""
+    model = llama(layers=8)
+    layout = Layout(dp=2, tp=2, pp=2, zero=1, num_microbatches=4)
+    ctx = make_ctx(planner, model, layout, precision=precision)
+    first, last = static_parts(ctx, layout)
+    assert first["low_precision_weights"] == last["low_precision_weights"] > 0
+
+
+@pytest.mark.parametrize("precision", ["fp8", "mxfp8"])
 @pytest.mark.parametrize("zero", [1, 3])
 def test_fp8_parameters_keep_no_bf16_copy_of_the_quantised_weights(
     planner: Planner, precision: str, zero: int
