@@ -5,6 +5,8 @@ the backward, priced against the host link)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ndplan.core.errors import InfeasibleError
 from ndplan.core.job import Job
@@ -108,3 +110,31 @@ def test_offload_fits_what_full_recompute_cannot(planner: Planner) -> None:
                           options=too_small)  # fmt: skip
     with pytest.raises(InfeasibleError, match="even with activation offload"):
         planner.search(ctx, space, top_k=3, options=too_small)
+
+
+@settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    host_gb_per_s=st.floats(min_value=1.0, max_value=1000.0),
+    max_mem=st.floats(min_value=30.0, max_value=60.0),
+    tp=st.sampled_from([4, 8]),
+)
+def test_a_faster_host_link_never_makes_the_per_layer_choice_slower(
+    planner: Planner, host_gb_per_s: float, max_mem: float, tp: int
+) -> None:
+    """Offloaded layers only get cheaper as the host link speeds up, so the exact knapsack
+    can only find a step as fast or faster; the memory it needs does not change."""
+    layout = Layout(tp=tp, dp=8 // tp, num_microbatches=2, recompute="auto")
+    opts = PricingOptions(max_mem_gib=max_mem)
+    steps = []
+    for bandwidth in (host_gb_per_s, 2 * host_gb_per_s):
+        device = planner.device("h100")
+        link = device.host_link.model_copy(update={"bandwidth_gb_per_s": bandwidth})
+        device = device.model_copy(update={"host_link": link})
+        job = Job(global_batch_size=2 * (8 // tp), seq_length=8192, activation_offload=True)
+        ctx = planner.context(planner.model("llama-3-8b"), device, 8, job, options=opts)
+        plan = planner.estimate(ctx, layout, options=opts)
+        steps.append((plan.memory.fits, plan.time.step_s))
+    (fits_slow, slow), (fits_fast, fast) = steps
+    assert fits_slow == fits_fast
+    if fits_slow:
+        assert fast <= slow * (1 + 1e-12)
