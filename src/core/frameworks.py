@@ -16,6 +16,12 @@ OFFLOAD = "offload"
 """The activation-offload option: a layer's saved activations go to host memory after
 its forward and come back before its backward (Megatron's --cpu-offloading)."""
 
+
+def offloads(recompute: frozenset[str] | None) -> bool:
+    """Whether a recompute option is activation offload (full recompute is ``None``)."""
+    return recompute is not None and OFFLOAD in recompute
+
+
 SWITCHES = ("core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn")
 """Recomputable ops (spec/recompute.md): core attention (scores/softmax, or the flash
 kernel's saved state), the norms, the FFN activation function, the sequence-parallel

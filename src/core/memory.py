@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .cluster import DeviceSpec
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import KindParameters
-from .frameworks import OFFLOAD
+from .frameworks import offloads
 from .layout import Layout
 from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
 from .plan import MemoryBreakdown, StageMemory
@@ -224,7 +224,7 @@ class NdplanMemoryModel:
     def layer_activation_bytes(
         self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
     ) -> int:
-        if recompute is not None and OFFLOAD in recompute:
+        if offloads(recompute):
             return 0  # on the host between its forward and its backward
         forced = ctx.framework.forced_switches
         return activation_bytes(layer_tensors(ctx, layout, kind), recompute, forced)

@@ -27,7 +27,7 @@ from .collectives import (
 )
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import core_attention_flops, count_flops
-from .frameworks import OFFLOAD
+from .frameworks import offloads
 from .layout import Layout
 from .memory import (
     ACTIVATION_BYTES,
@@ -508,7 +508,7 @@ class NdplanCostModel:
         found = ctx.cache.get(key)
         if found is not None:
             return found
-        if recompute is not None and OFFLOAD in recompute:
+        if offloads(recompute):
             found = ctx.cache[key] = self._offloaded_layer_seconds(ctx, layout, kind)
             return found
         cost = self.layer_cost(ctx, layout, kind)
@@ -693,9 +693,6 @@ class NdplanCostModel:
     ) -> tuple[float, float]:
         """(parameter all-gather, gradient reduce-scatter) seconds of one stage's state
         over its data-parallel (and expert-data-parallel) groups."""
-        # Per-tensor fp8 parameters gather as they are stored, a byte each; MXFP8 ones
-        # gather in bf16 through the gradient buffer and are quantised after.
-        fp8_gather = fp8_primary_weights(ctx, layout) and ctx.settings.precision == "fp8"
         key = (
             "dp_volumes",
             stage.role[:4],
@@ -705,10 +702,13 @@ class NdplanCostModel:
             layout.ep,
             layout.expert_tp,
             layout.pp,
-            fp8_gather,
+            layout.zero >= 1,  # all that fp8 parameters depend on in the layout
         )
         found = ctx.cache.get(key)
         if found is None:
+            # Per-tensor fp8 parameters gather as they are stored, a byte each; MXFP8 ones
+            # gather in bf16 through the gradient buffer and are quantised after.
+            fp8_gather = fp8_primary_weights(ctx, layout) and ctx.settings.precision == "fp8"
             links = self.links(ctx, layout)
             dense, expert, linear = self._memory.stage_parameters(ctx, layout, stage)
             grad_bytes = ctx.settings.grad_reduce_bytes

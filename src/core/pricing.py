@@ -141,14 +141,23 @@ class Pricer:
             for kind, k, count, rec in assignment
         )
 
+    def _lightest_kind_bytes(self, layout: Layout) -> list[int]:
+        """Per kind, the bytes per micro-batch of its lightest option: full recompute, or
+        activation offload where offered."""
+        if not activation_offload_offered(self.ctx):
+            return self._kind_bytes(layout, None)
+        key = ("lightest_kind_bytes", *layer_key(layout))
+        found = self.ctx.cache.get(key)
+        if found is None:
+            full, offloaded = self._kind_bytes(layout, None), self._kind_bytes(layout, OFFLOADED)
+            found = self.ctx.cache[key] = [min(a, b) for a, b in zip(full, offloaded, strict=True)]
+        return found
+
     def lightest_miss(self, layout: Layout) -> MemoryMiss | None:
         """None when every stage fits with its lightest option (full recompute, or
         activation offload where offered); else the worst stage's overflow."""
         stages = self.ctx.placement(layout)
-        per_kind = self._kind_bytes(layout, None)
-        if activation_offload_offered(self.ctx):
-            offloaded = self._kind_bytes(layout, OFFLOADED)
-            per_kind = [min(a, b) for a, b in zip(per_kind, offloaded, strict=True)]
+        per_kind = self._lightest_kind_bytes(layout)
         budget = self.ctx.budget_bytes
         worst: MemoryMiss | None = None
         for stage, static in zip(stages, self._static_totals(layout, stages), strict=True):

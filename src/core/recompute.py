@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import combinations
 
 from .context import PricingContext, layer_key
-from .frameworks import OFFLOAD, SWITCHES
+from .frameworks import OFFLOAD, SWITCHES, offloads
 from .kernels.knapsack import LayerOption, pareto_front
 from .layout import Layout
 from .model import LatentAttention, LayerKind, MoEFFN
@@ -28,7 +28,7 @@ OFFLOADED: Recompute = frozenset({OFFLOAD})
 def option_name(recompute: Recompute) -> str:
     if recompute is None:
         return FULL
-    if OFFLOAD in recompute:
+    if offloads(recompute):
         return OFFLOAD
     return "+".join(s for s in SWITCHES if s in recompute) or NONE
 
@@ -44,12 +44,15 @@ def parse_option(name: str) -> Recompute:
 def activation_offload_offered(ctx: PricingContext) -> bool:
     """Whether layers may offload their activations: the framework can, the device has a
     host link, and the job asks for it (read last: an assumption only where it could
-    apply)."""
-    return (
-        ctx.framework.activation_offload
-        and ctx.device.host_link.bytes_per_s > 0
-        and bool(ctx.settings.activation_offload)
-    )
+    apply). Fixed for the context, so decided once."""
+    found = ctx.cache.get("activation_offload_offered")
+    if found is None:
+        found = ctx.cache["activation_offload_offered"] = (
+            ctx.framework.activation_offload
+            and ctx.device.host_link.bytes_per_s > 0
+            and bool(ctx.settings.activation_offload)
+        )
+    return found
 
 
 def applicable_switches(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple[str, ...]:
