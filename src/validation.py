@@ -260,7 +260,10 @@ PRIORS: dict[str, Prior] = {
     "step_overhead_s": Prior(0.05, 0.10),
     # Collectives take SMs and HBM bandwidth from the GEMMs they hide behind: NCCL's
     # kernels hold 8-32 of ~132 SMs, copy-engine transfers (TE's ring exchange) none.
+    # TP's overlap (userbuffers) mixes the two, so it gets its own share, with the same
+    # prior: the rows, not the prior, say whether it differs.
     "interference": Prior(0.10, 0.10),
+    "tp_interference": Prior(0.10, 0.10),
 }
 """What each fitted parameter should be before the measured rows are seen, and how sure
 that is (kernel benchmarks and datasheets, not the rows). Keyed by the field name for
@@ -278,7 +281,7 @@ as √n observations."""
 def prior_for(name: str) -> Prior:
     """The prior of a fitted parameter by its name in ``CalibrationSpace.params``."""
     head, _, tail = name.partition(".")
-    if head in ("overlap", "attention_scale", "step_overhead_s", "interference"):
+    if head in ("overlap", "attention_scale", "step_overhead_s", "interference", "tp_interference"):
         return PRIORS[name]
     return PRIORS[tail]
 
@@ -329,6 +332,7 @@ class CalibrationSpace:
             params.append(Parameter(f"attention_scale.{fw}", 0.5, 2.0))
         params.append(Parameter("step_overhead_s", 0.0, 0.5))
         params.append(Parameter("interference", 0.0, 0.5))
+        params.append(Parameter("tp_interference", 0.0, 0.5))
         self.params = [Parameter(p.name, p.low, p.high, prior_for(p.name)) for p in params]
 
     def start(self) -> np.ndarray:
@@ -344,6 +348,8 @@ class CalibrationSpace:
                 values.append(self.base.step_overhead_s)
             elif head == "interference":
                 values.append(self.base.interference)
+            elif head == "tp_interference":
+                values.append(self.base.tp_slowdown)
             elif head == "attention_scale":
                 values.append(self.base.attention_scale.get(tail, 1.0))
             else:
@@ -400,6 +406,7 @@ class CalibrationSpace:
                 "families": families,
                 "step_overhead_s": values["step_overhead_s"],
                 "interference": values["interference"],
+                "tp_interference": values["tp_interference"],
                 "fit": fit,
                 "attention_scale": {
                     **self.base.attention_scale,

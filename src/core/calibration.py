@@ -111,6 +111,10 @@ class Calibration(Frozen):
     interference: float = Field(default=0.0, ge=0, le=1)
     """Share of hidden communication time that still slows the compute it overlaps
     (collective kernels take SMs and HBM bandwidth from the GEMMs they hide behind)."""
+    tp_interference: float | None = Field(default=None, ge=0, le=1)
+    """The same for hidden TP communication, whose overlap runs on copy engines and a
+    few SMs (Transformer Engine's userbuffers) rather than NCCL's kernels; unset, it is
+    ``interference``."""
     attention_scale: dict[str, float] = Field(default_factory=dict)
     """By framework: how its default attention kernel compares with the device's
     fitted attention efficiency (1 = the same; cuDNN/FA3-class kernels > FA2-class)."""
@@ -126,6 +130,10 @@ class Calibration(Frozen):
         if family is not None and family in self.devices:
             return self.devices[family]
         return self.default
+
+    @property
+    def tp_slowdown(self) -> float:
+        return self.interference if self.tp_interference is None else self.tp_interference
 
     def overlap_for(self, framework: str) -> Overlap:
         return self.overlap.get(framework) or self.overlap.get("default") or Overlap()

@@ -522,7 +522,7 @@ class NdplanCostModel:
         tp_hidden = self.tp_overlap(ctx, layout)
         tp_exposed = 1 - tp_hidden
         tp_raw = cost.tp_forward_s + cost.tp_backward_s
-        tp = tp_raw * (tp_exposed + slow * tp_hidden)
+        tp = tp_raw * (tp_exposed + self._calibration(ctx).tp_slowdown * tp_hidden)
         ep_exposed = (1 - ov.ep) * (0.1 if layout.schedule == "dualpipev" else 1.0)
         ep_raw = cost.ep_forward_s + cost.ep_backward_s
         ep = ep_raw * (ep_exposed + slow * (1 - ep_exposed))

@@ -548,6 +548,23 @@ def test_exposed_tp_comm_is_one_minus_overlap_of_raw(tp_overlap: float) -> None:
     )
 
 
+@pytest.mark.parametrize(("nccl", "tp", "tp_share"), [(0.2, 0.05, 0.05), (0.2, None, 0.2)])
+def test_hidden_tp_comm_slows_compute_by_its_own_share(nccl, tp, tp_share) -> None:
+    """Hidden TP traffic (userbuffers: copy engines and a few SMs) charges its own share
+    of itself; hidden CP and EP traffic (NCCL kernels) the shared one. Unset, TP's share
+    is the shared one."""
+    overlap = Overlap(tp=0.5, cp=0.0, ep=0.5)
+    cm = FixedLayerCost(fixed_cost(), overlap)
+    cm.calibration = Calibration(
+        overlap={"default": overlap}, interference=nccl, tp_interference=tp
+    )
+    layout = Layout(tp=2, cp=2, num_microbatches=4)
+    secs = cm.layer_seconds(make_ctx(layout), layout, DENSE, frozenset())
+    assert secs["tp_comm"] == pytest.approx(0.5 * 0.8 + tp_share * 0.5 * 0.8)
+    assert secs["ep_comm"] == pytest.approx(0.5 * 1.0 + nccl * 0.5 * 1.0)
+    assert secs["cp_comm"] == pytest.approx(0.9)  # no CP overlap: nothing hidden
+
+
 @pytest.mark.parametrize("tp_overlap", [0.3, 1.0])
 def test_a_job_without_tp_overlap_exposes_every_tp_collective(tp_overlap: float) -> None:
     off = fixed_seconds(fixed_cost(), Overlap(tp=tp_overlap), job={"tp_comm_overlap": False})
