@@ -75,11 +75,13 @@ def evaluate(planner: Planner, case, calibration) -> dict:
     plans = out.result.plans
     best = plans[0]
     rank = own = None
+    shapes_ahead = set()  # distinct tp·pp·cp·dp among the layouts ranked ahead of it
     for i, (cand, _priced) in enumerate(out.ranking, start=1):
         if all(cand[k] == v for k, v in want.items()):
             rank = i
             own = plans[i - 1] if i <= len(plans) else None
             break
+        shapes_ahead.add((cand["tp"], cand["pp"], cand["cp"], cand["dp"]))
     if own is None:  # beyond the plans kept: the best published-compatible layout
         space = SearchSpace(
             recompute=("auto",),
@@ -107,6 +109,7 @@ def evaluate(planner: Planner, case, calibration) -> dict:
         "published": published_label(lay, free),
         "best": layout_label(best.layout.model_dump()),
         "rank": rank,
+        "shapes_ahead": len(shapes_ahead) if rank is not None else None,
         "gap": gap,
         "error": error,
         "where": where_the_gap_is(own, best) if own is not None and gap and gap > 0 else "",
@@ -168,7 +171,9 @@ def markdown(results: list[dict]) -> str:
         "offload among the options for Megatron-Bridge's Megatron-FSDP rows, whose recipes offload) and ranked "
         "them. "
         f"*rank* is the published layout's place (— when the search never priced it: it stops once its top "
-        f"{TOP} are settled); *gap* its predicted step time over "
+        f"{TOP} are settled); *shapes ahead* how many distinct tp·pp·cp·dp shapes the layouts ranked ahead "
+        "of it have (layouts of one shape differ only in VPP, micro-batch size, ZeRO stage or offload, so "
+        "the rank can be much larger than that count); *gap* its predicted step time over "
         "the predicted best (— when ndplan predicts it does not fit). A degree the source does not state (shown "
         "as ?, e.g. the Megatron-LM README's micro-batch and VPP) is left free: the best layout with the stated "
         "degrees counts. *error* is how ndplan prices the published layout as it was run (predicted / measured "
@@ -178,17 +183,18 @@ def markdown(results: list[dict]) -> str:
         f"Of {len(results)} published layouts: {top10} rank in the top 10, {close} are predicted within 10% of the "
         f"best, {both} both.",
         "",
-        "| row | source | model | hardware | N | gbs | seq | prec | published | rank | gap | error | where | "
-        "ndplan's best |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| row | source | model | hardware | N | gbs | seq | prec | published | rank | shapes ahead | gap | "
+        "error | where | ndplan's best |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rank = str(r["rank"]) if r["rank"] is not None else "—"
+        shapes = str(r["shapes_ahead"]) if r["shapes_ahead"] is not None else "—"
         gap = f"{100 * r['gap']:+.1f}%" if r["gap"] is not None else "—"
         error = f"{100 * r['error']:+.1f}%" if r["error"] is not None else "—"
         lines.append(
             f"| {r['row']} | {r['source']} | {r['model']} | {r['hardware']} | {r['devices']} | {r['gbs']} | "
-            f"{r['seq']} | {r['precision']} | {r['published']} | {rank} | {gap} | {error} | {r['where']} | "
+            f"{r['seq']} | {r['precision']} | {r['published']} | {rank} | {shapes} | {gap} | {error} | {r['where']} | "
             f"{r['best']} |"
         )
     return "\n".join(lines) + "\n"
