@@ -114,8 +114,9 @@ ActivationOffloadOpt = Annotated[
     bool | None,
     typer.Option(
         "--activation-offload/--no-activation-offload",
-        help="Whether the per-layer recompute choice may offload activations to host memory "
-        "(Megatron --cpu-offloading) [default: off].",
+        help="Whether layers may offload their activations to host memory (Megatron "
+        "--cpu-offloading): an option of the per-layer choice with --recompute auto; with "
+        "--recompute none, the layers that do not fit are offloaded [default: off].",
         show_default=False,
     ),
 ]

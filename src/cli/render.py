@@ -133,7 +133,8 @@ def plan_report(ctx: PricingContext, plan: Plan, *, show_recompute: bool = True)
     ]
     if plan.time is not None:
         items += [time_table(plan), Text(rates_line(plan))]
-    if show_recompute and plan.recompute and plan.layout.recompute == "auto":
+    mixed = len({r.option for r in plan.recompute}) > 1  # e.g. none with offloaded layers
+    if show_recompute and plan.recompute and (plan.layout.recompute == "auto" or mixed):
         items.append(Text("recompute:"))
         items += [Text("  " + line) for line in recompute_lines(plan.recompute)]
     return Group(*items)

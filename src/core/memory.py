@@ -25,6 +25,7 @@ from .layout import Layout
 from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
 from .plan import MemoryBreakdown, StageMemory
 from .ports import Recompute
+from .recompute import activation_offload_offered
 
 # Bytes per element of a saved linear-layer input under each recipe: fp8 recipes save
 # the quantised copy (plus block scales); bf16 saves bf16.
@@ -454,7 +455,9 @@ class NdplanMemoryModel:
 
     def _working_set(self, ctx: PricingContext, layout: Layout, stage: StagePlacement) -> float:
         """The first backward at the end of warm-up: one layer's gradient tensors, plus —
-        when layers recompute — re-running its forward (the plain option's tensors)."""
+        when layers recompute, or may be offloaded — re-running its forward or bringing
+        its tensors back from the host (the plain option's tensors either way)."""
+        refetch = layout.recompute != "none" or activation_offload_offered(ctx)
         largest = 0.0
         for kind_index, _, _ in stage.groups:
             kind = ctx.model.kinds[kind_index]
@@ -464,8 +467,7 @@ class NdplanMemoryModel:
             grads = (
                 tensors[0].nbytes * 2 + biggest
             )  # input/output gradients + the widest intermediate
-            refwd = plain if layout.recompute != "none" else 0.0
-            largest = max(largest, grads + refwd)
+            largest = max(largest, grads + (plain if refetch else 0.0))
         return largest
 
     # ------------------------------------------------------------------ breakdown

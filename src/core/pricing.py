@@ -28,6 +28,9 @@ from .recompute import (
 Assignment = tuple[tuple[int, int, int, Recompute], ...]
 """Per stage: (kind index, in-flight, layer count, recompute) groups."""
 
+NONE_OR_OFFLOAD = (option_name(frozenset()), option_name(OFFLOADED))
+"""The options of the ``none`` policy where activation offload is offered."""
+
 _UNSOLVED = object()
 """Marks a stage knapsack not yet in the cache (None is a cached "nothing fits")."""
 
@@ -166,13 +169,15 @@ class Pricer:
                 worst = MemoryMiss(stage.index, over)
         return worst
 
-    def stage_groups(self, layout: Layout, stage: StagePlacement) -> list[LayerGroup]:
+    def stage_groups(
+        self, layout: Layout, stage: StagePlacement, only: tuple[str, ...] | None = None
+    ) -> list[LayerGroup]:
         kinds = self.ctx.model.kinds
         in_flights = [k for _, _, k in stage.groups]
         groups = []
         for kind_index, count, k in stage.groups:
             kind = kinds[kind_index]
-            front = kind_front(self.ctx, layout, kind, in_flights, self.memory, self.cost)
+            front = kind_front(self.ctx, layout, kind, in_flights, self.memory, self.cost, only)
             groups.append(LayerGroup(kind=kind.name, options=front, count=count, in_flight=k))
         return groups
 
@@ -193,9 +198,10 @@ class Pricer:
         return tuple(out)
 
     def auto_assignment(
-        self, layout: Layout, static_totals: list[int]
+        self, layout: Layout, static_totals: list[int], only: tuple[str, ...] | None = None
     ) -> tuple[Assignment, ...] | None:
-        """Per stage, the exact knapsack within what the static memory leaves.
+        """Per stage, the exact knapsack within what the static memory leaves (``only``:
+        among the options of those names).
 
         Memoised on its true key (spec/search.md): the layer degrees (which fix every
         front), the stage's (kind, layers, in-flight) groups, and the budget. Layouts that
@@ -207,10 +213,10 @@ class Pricer:
         degrees = layer_key(layout)
         for stage, static in zip(self.ctx.placement(layout), static_totals, strict=True):
             budget = self.ctx.budget_bytes - static
-            key = ("stage_choice", degrees, stage.groups, budget)
+            key = ("stage_choice", degrees, stage.groups, budget, only)
             assignment = cache.get(key, _UNSOLVED)
             if assignment is _UNSOLVED:
-                choice = self.solver.choose(self.stage_groups(layout, stage), budget)
+                choice = self.solver.choose(self.stage_groups(layout, stage, only), budget)
                 assignment = None
                 if choice is not None:
                     assignment = self.choice_to_assignment(layout, stage, choice)
@@ -227,10 +233,18 @@ class Pricer:
         stages = ctx.placement(layout)
         static_totals = self._static_totals(layout, stages)
         assignment: tuple[Assignment, ...] | None = None
+        lightest: Recompute = None  # what a layout that does not fit is priced at
         if layout.recompute == "auto":
             assignment = self.auto_assignment(layout, static_totals)
-        if assignment is None:  # a fixed policy, or auto with nothing fitting (priced at full)
-            rec = self.policy_recompute(layout) if layout.recompute != "auto" else None
+        elif layout.recompute == "none" and activation_offload_offered(ctx):
+            # Megatron offloads layers beside a recompute setting (--cpu-offloading-num-
+            # layers): with none, the layers that do not fit are offloaded, the rest kept.
+            assignment = self.auto_assignment(layout, static_totals, NONE_OR_OFFLOAD)
+            lightest = OFFLOADED
+        else:
+            lightest = self.policy_recompute(layout)
+        if assignment is None:  # a fixed policy, or nothing fitting (priced at its lightest)
+            rec = lightest
             per_kind = self._kind_bytes(layout, rec)
             activations = tuple(
                 sum(units * per_kind[kind] for kind, units in s.units) for s in stages

@@ -115,11 +115,17 @@ def kind_front(
     in_flights: Sequence[int],
     memory: MemoryModel,
     cost: CostModel,
+    only: tuple[str, ...] | None = None,
 ) -> tuple[LayerOption, ...]:
-    """The options no other option beats at the in-flight counts that occur."""
-    key = ("front", kind.name, *layer_key(layout), tuple(sorted(set(in_flights))))
+    """The options no other option beats at the in-flight counts that occur; with
+    ``only``, among the options of those names."""
+    key = ("front", kind.name, *layer_key(layout), tuple(sorted(set(in_flights))), only)
     found = ctx.cache.get(key)
     if found is None:
-        options = [opt for opt, _ in kind_options(ctx, layout, kind, memory, cost)]
+        options = [
+            opt
+            for opt, _ in kind_options(ctx, layout, kind, memory, cost)
+            if only is None or opt.name in only
+        ]
         found = ctx.cache[key] = pareto_front(options, tuple(sorted(set(in_flights))))
     return found

@@ -785,13 +785,14 @@ def _closest_message(ctx: PricingContext, closest: tuple[int, int, Candidate] | 
     keys = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "mbs", "zero")
     degrees = " ".join(f"{k} {d[k]}" for k in keys)
     auto = d["recompute"] == "auto"
-    offload = auto and activation_offload_offered(ctx)
+    # auto, and none where offload is offered, were priced with every layer offloaded
+    offload = d["recompute"] in ("auto", "none") and activation_offload_offered(ctx)
     lightest = "activations offloaded" if offload else "recompute full"
-    extras = [
-        f"sp {'on' if d['sp'] else 'off'}",
-        d["schedule"],
-        lightest if auto else f"recompute {d['recompute']}",
-    ]
+    extras = [f"sp {'on' if d['sp'] else 'off'}", d["schedule"]]
+    if not auto:
+        extras.append(f"recompute {d['recompute']}")
+    if auto or offload:
+        extras.append(lightest)
     if d["offload_optimizer"]:
         extras.append("optimizer offloaded")
     return (

@@ -266,6 +266,23 @@ def test_activation_offload_joins_the_per_layer_choice_when_asked_for(
     assert offloaded["time"]["parts"]["offload"] > 0
 
 
+def test_no_recompute_with_activation_offload_names_the_offloaded_layers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A Megatron-Bridge FSDP recipe (no recompute, layers offloaded) fits as it ran, and
+    the report says which layers go to the host."""
+    args = ("-m", "llama-3-70b", "-d", "gb200", "-n", "64", "--gbs", "256", "-s", "8192",
+            "--mbs", "2", "--zero", "3", "--precision", "fp8", "--grad-dtype", "bf16",
+            "--recompute", "none")  # fmt: skip
+    assert not estimate_json(capsys, *args)["memory"]["fits"]
+    code, out, _ = invoke(capsys, *args, "--activation-offload")
+    assert code == 0
+    assert "— fits" in out
+    lines = out.splitlines()
+    stage = lines[lines.index("recompute:") + 1]
+    assert re.fullmatch(r"  stage 0: layers 0-\d+ offload, \d+-79 none", stage)
+
+
 EVERY_JOB_FIELD = """\
 precision: bf16
 optimizer: adam

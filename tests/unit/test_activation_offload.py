@@ -110,6 +110,59 @@ def test_offload_fits_what_full_recompute_cannot(planner: Planner) -> None:
                           options=too_small)  # fmt: skip
     with pytest.raises(InfeasibleError, match="even with activation offload"):
         planner.search(ctx, space, top_k=3, options=too_small)
+    # No recompute, layers offloaded where needed: the same miss, named as such.
+    none = space.model_copy(update={"recompute": ("none",)})
+    with pytest.raises(InfeasibleError, match=r"recompute none, activations offloaded\)"):
+        planner.search(ctx, none, top_k=3, options=too_small)
+    offloading = search(activation_offload=True)  # a search that keeps none finds them too
+    ctx = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 8,
+                          Job(global_batch_size=8, seq_length=16384, activation_offload=True),
+                          options=opts)  # fmt: skip
+    kept = planner.search(ctx, none, top_k=3, options=opts).result.plans
+    assert kept and all({r.option for r in p.recompute} <= {"none", "offload"} for p in kept)
+    assert kept[0].time.step_s >= offloading.result.plans[0].time.step_s
+
+
+def test_no_recompute_offloads_only_the_layers_that_do_not_fit(planner: Planner) -> None:
+    """Megatron runs `--cpu-offloading-num-layers` with no recompute: under the none policy
+    with offload offered, the fewest layers that make the stage fit are offloaded and the
+    rest kept; nothing is recomputed. Too little memory even then: priced all offloaded."""
+    layout = Layout(tp=8, num_microbatches=1, recompute="none")
+
+    def estimate(max_mem: float, **job):
+        opts = PricingOptions(max_mem_gib=max_mem)
+        job = Job(global_batch_size=1, seq_length=16384, **job)
+        ctx = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 8, job,
+                              options=opts)  # fmt: skip
+        return planner.estimate(ctx, layout, options=opts)
+
+    def offloaded_layers(plan) -> int:
+        assert {r.option for r in plan.recompute} <= {"none", "offload"}  # never recompute
+        return sum(r.stop - r.start for r in plan.recompute if r.option == "offload")
+
+    kept, same = estimate(80.0), estimate(80.0, activation_offload=True)
+    assert kept.memory.fits and offloaded_layers(same) == 0  # room for all: none offloaded
+    assert same.time.step_s == kept.time.step_s
+    # Offload on reserves the working room to bring one layer's tensors back, as a
+    # recomputing policy reserves it to re-run one forward; nothing else moves.
+    before, after = kept.memory.stages[0].parts, same.memory.stages[0].parts
+    assert after["working_set"] > before["working_set"]
+    assert {k: v for k, v in after.items() if k != "working_set"} == {
+        k: v for k, v in before.items() if k != "working_set"
+    }
+    counts = []
+    for max_mem in (40.0, 30.0, 25.0):
+        plain, plan = estimate(max_mem), estimate(max_mem, activation_offload=True)
+        assert not plain.memory.fits and plan.memory.fits
+        n = offloaded_layers(plan)
+        saved_per_layer = (plain.memory.peak_bytes - plan.memory.peak_bytes) / n
+        # The fewest: keeping one more layer would not fit.
+        assert plan.memory.peak_bytes + saved_per_layer > max_mem * 2**30
+        assert plan.time.parts["offload"] > 0 and plan.time.parts["recompute"] == 0
+        counts.append(n)
+    assert counts == sorted(counts) and counts[0] < counts[-1]
+    too_small = estimate(20.0, activation_offload=True)
+    assert not too_small.memory.fits and offloaded_layers(too_small) == 32
 
 
 @settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
