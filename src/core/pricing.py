@@ -228,7 +228,11 @@ class Pricer:
 
     # ------------------------------------------------------------------ pricing
 
-    def price(self, layout: Layout, *, with_time: bool = True) -> PricedLayout:
+    def price(
+        self, layout: Layout, *, with_time: bool = True, every_layer_kept: bool = False
+    ) -> PricedLayout:
+        """Memory and time of ``layout``; ``every_layer_kept``: the none policy as stated,
+        no layer offloaded (every layer at its fastest option, for the search's bound)."""
         ctx = self.ctx
         stages = ctx.placement(layout)
         static_totals = self._static_totals(layout, stages)
@@ -236,7 +240,9 @@ class Pricer:
         lightest: Recompute = None  # what a layout that does not fit is priced at
         if layout.recompute == "auto":
             assignment = self.auto_assignment(layout, static_totals)
-        elif layout.recompute == "none" and activation_offload_offered(ctx):
+        elif (
+            layout.recompute == "none" and activation_offload_offered(ctx) and not every_layer_kept
+        ):
             # Megatron offloads layers beside a recompute setting (--cpu-offloading-num-
             # layers): with none, the layers that do not fit are offloaded, the rest kept.
             assignment = self.auto_assignment(layout, static_totals, NONE_OR_OFFLOAD)
@@ -283,7 +289,8 @@ class Pricer:
         excess × rate (the knapsack's linear relaxation; bucket rounding only saves
         more). The step is monotone in the stages' recompute time. Under ZeRO-3 the
         extra backward hides more of the FSDP traffic, so there the plain bound stands."""
-        fastest = self.price(layout.model_copy(update={"recompute": "none"}))
+        # Not the none policy's own offload choice: auto may recompute instead, faster.
+        fastest = self.price(layout.model_copy(update={"recompute": "none"}), every_layer_kept=True)
         if fastest.fits or layout.zero >= 3:
             return fastest.time.step_s
         budget = self.ctx.budget_bytes

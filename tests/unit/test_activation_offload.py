@@ -165,6 +165,30 @@ def test_no_recompute_offloads_only_the_layers_that_do_not_fit(planner: Planner)
     assert not too_small.memory.fits and offloaded_layers(too_small) == 32
 
 
+@pytest.mark.parametrize("host_gb_per_s", [1.0, 55.0])
+@pytest.mark.parametrize("max_mem", [40.0, 30.0, 25.0])
+def test_the_search_bound_stays_below_auto_when_none_would_offload(
+    planner: Planner, host_gb_per_s: float, max_mem: float
+) -> None:
+    """The bound of an auto layout keeps every layer at its fastest option; the none
+    policy's own offload choice is no bound (on a slow host link auto recomputes instead,
+    for less)."""
+    layout = Layout(tp=8, num_microbatches=1, recompute="auto")
+    opts = PricingOptions(max_mem_gib=max_mem)
+    device = planner.device("h100")
+    device = device.model_copy(
+        update={
+            "host_link": device.host_link.model_copy(update={"bandwidth_gb_per_s": host_gb_per_s})
+        }
+    )
+    job = Job(global_batch_size=1, seq_length=16384, activation_offload=True)
+    ctx = planner.context(planner.model("llama-3-8b"), device, 8, job, options=opts)
+    pricer = planner.pricer(ctx, opts)
+    auto = pricer.price(layout)
+    assert auto.fits
+    assert pricer.auto_lower_bound(layout) <= auto.time.step_s * (1 + 1e-12)
+
+
 @settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
 @given(
     host_gb_per_s=st.floats(min_value=1.0, max_value=1000.0),
