@@ -76,9 +76,10 @@ class Job(Frozen):
     optimizer, full training); on when unstated: NeMo's and Megatron-Bridge's fp8 and
     MXFP8 recipes turn it on."""
     activation_offload: bool | None = None
-    """Whether the per-layer recompute choice may also offload a layer's saved
-    activations to host memory (Megatron's --cpu-offloading): priced over the host link,
-    hidden behind the next layer's compute. Off when unstated, as in Megatron."""
+    """Whether layers may offload their saved activations to host memory (Megatron's
+    --cpu-offloading): an option of the per-layer ``auto`` choice; under ``none``, the
+    layers that do not fit are offloaded. Priced over the host link, hidden behind the
+    next layer's compute. Off when unstated, as in Megatron."""
 
 
 JOB_DEFAULTS: dict[str, Any] = {

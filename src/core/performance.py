@@ -517,12 +517,14 @@ class NdplanCostModel:
         fwd = sum(op.forward_s for op in cost.ops) + cost.launch_s / 3
         bwd = sum(op.backward_s for op in cost.ops) + 2 * cost.launch_s / 3
         # Hidden communication still costs some compute (SM and HBM contention): a share
-        # `interference` of the hidden time is charged to the communication part.
-        slow = self._calibration(ctx).interference
+        # `interference` of the hidden time (TP's own share for TP) is charged to the
+        # communication part.
+        cal = self._calibration(ctx)
+        slow = cal.interference
         tp_hidden = self.tp_overlap(ctx, layout)
         tp_exposed = 1 - tp_hidden
         tp_raw = cost.tp_forward_s + cost.tp_backward_s
-        tp = tp_raw * (tp_exposed + self._calibration(ctx).tp_slowdown * tp_hidden)
+        tp = tp_raw * (tp_exposed + cal.tp_slowdown * tp_hidden)
         ep_exposed = (1 - ov.ep) * (0.1 if layout.schedule == "dualpipev" else 1.0)
         ep_raw = cost.ep_forward_s + cost.ep_backward_s
         ep = ep_raw * (ep_exposed + slow * (1 - ep_exposed))

@@ -228,36 +228,51 @@ class Pricer:
 
     # ------------------------------------------------------------------ pricing
 
-    def price(
-        self, layout: Layout, *, with_time: bool = True, every_layer_kept: bool = False
-    ) -> PricedLayout:
-        """Memory and time of ``layout``; ``every_layer_kept``: the none policy as stated,
-        no layer offloaded (every layer at its fastest option, for the search's bound)."""
+    def price(self, layout: Layout, *, with_time: bool = True) -> PricedLayout:
         ctx = self.ctx
         stages = ctx.placement(layout)
         static_totals = self._static_totals(layout, stages)
-        assignment: tuple[Assignment, ...] | None = None
-        lightest: Recompute = None  # what a layout that does not fit is priced at
         if layout.recompute == "auto":
             assignment = self.auto_assignment(layout, static_totals)
-        elif (
-            layout.recompute == "none" and activation_offload_offered(ctx) and not every_layer_kept
-        ):
+            lightest: Recompute = None  # nothing fits: priced fully recomputed
+        elif layout.recompute == "none" and activation_offload_offered(ctx):
             # Megatron offloads layers beside a recompute setting (--cpu-offloading-num-
             # layers): with none, the layers that do not fit are offloaded, the rest kept.
             assignment = self.auto_assignment(layout, static_totals, NONE_OR_OFFLOAD)
             lightest = OFFLOADED
         else:
-            lightest = self.policy_recompute(layout)
-        if assignment is None:  # a fixed policy, or nothing fitting (priced at its lightest)
-            rec = lightest
-            per_kind = self._kind_bytes(layout, rec)
-            activations = tuple(
-                sum(units * per_kind[kind] for kind, units in s.units) for s in stages
+            return self._price_fixed(
+                layout, stages, static_totals, self.policy_recompute(layout), with_time
             )
-            assignment = tuple(self._role_assignment(s, rec) for s in stages)
-        else:
-            activations = tuple(self.activation_bytes(layout, a) for a in assignment)
+        if assignment is None:
+            return self._price_fixed(layout, stages, static_totals, lightest, with_time)
+        activations = tuple(self.activation_bytes(layout, a) for a in assignment)
+        return self._finish(layout, stages, static_totals, assignment, activations, with_time)
+
+    def _price_fixed(
+        self,
+        layout: Layout,
+        stages: tuple[StagePlacement, ...],
+        static_totals: list[int],
+        recompute: Recompute,
+        with_time: bool = True,
+    ) -> PricedLayout:
+        """Every layer under one option."""
+        per_kind = self._kind_bytes(layout, recompute)
+        activations = tuple(sum(units * per_kind[kind] for kind, units in s.units) for s in stages)
+        assignment = tuple(self._role_assignment(s, recompute) for s in stages)
+        return self._finish(layout, stages, static_totals, assignment, activations, with_time)
+
+    def _finish(
+        self,
+        layout: Layout,
+        stages: tuple[StagePlacement, ...],
+        static_totals: list[int],
+        assignment: tuple[Assignment, ...],
+        activations: tuple[int, ...],
+        with_time: bool,
+    ) -> PricedLayout:
+        ctx = self.ctx
         totals = [st + a for st, a in zip(static_totals, activations, strict=True)]
         peak_stage = max(range(len(totals)), key=lambda i: (totals[i], -i))
         shared = self._stage_seconds_key(layout)
@@ -289,8 +304,11 @@ class Pricer:
         excess × rate (the knapsack's linear relaxation; bucket rounding only saves
         more). The step is monotone in the stages' recompute time. Under ZeRO-3 the
         extra backward hides more of the FSDP traffic, so there the plain bound stands."""
-        # Not the none policy's own offload choice: auto may recompute instead, faster.
-        fastest = self.price(layout.model_copy(update={"recompute": "none"}), every_layer_kept=True)
+        # Every layer kept, not the none policy's own offload choice: auto may recompute
+        # instead, for less.
+        kept = layout.model_copy(update={"recompute": "none"})
+        stages = self.ctx.placement(kept)
+        fastest = self._price_fixed(kept, stages, self._static_totals(kept, stages), frozenset())
         if fastest.fits or layout.zero >= 3:
             return fastest.time.step_s
         budget = self.ctx.budget_bytes

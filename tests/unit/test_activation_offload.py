@@ -22,17 +22,30 @@ def planner() -> Planner:
     return Planner()
 
 
-def context(planner: Planner, layout: Layout, *, host_gb_per_s: float | None = None, **job):
+def context(
+    planner: Planner,
+    layout: Layout | None = None,
+    *,
+    gbs: int | None = None,
+    seq: int = 4096,
+    host_gb_per_s: float | None = None,
+    options: PricingOptions | None = None,
+    **job,
+):
+    """Llama-3-8B on H100s: ``layout``'s devices and batch (8 devices when none is given),
+    optionally another host link."""
     device = planner.device("h100")
     if host_gb_per_s is not None:
         link = device.host_link.model_copy(update={"bandwidth_gb_per_s": host_gb_per_s})
         device = device.model_copy(update={"host_link": link})
-    gbs = layout.dp * layout.mbs * layout.num_microbatches
+    if gbs is None:
+        gbs = layout.dp * layout.mbs * layout.num_microbatches
     return planner.context(
         planner.model("llama-3-8b"),
         device,
-        layout.devices,
-        Job(global_batch_size=gbs, seq_length=4096, **job),
+        layout.devices if layout is not None else 8,
+        Job(global_batch_size=gbs, seq_length=seq, **job),
+        options=options,
     )
 
 
@@ -93,8 +106,7 @@ def test_offload_fits_what_full_recompute_cannot(planner: Planner) -> None:
     opts = PricingOptions(max_mem_gib=24.5)
 
     def search(**job):
-        ctx = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 8,
-                              Job(global_batch_size=8, seq_length=16384, **job), options=opts)  # fmt: skip
+        ctx = context(planner, gbs=8, seq=16384, options=opts, **job)
         return planner.search(ctx, space, top_k=3, options=opts)
 
     with pytest.raises(InfeasibleError, match="even with full recompute"):
@@ -105,9 +117,7 @@ def test_offload_fits_what_full_recompute_cannot(planner: Planner) -> None:
     assert best.time.parts["offload"] > 0
     assert any(r.option == "offload" for r in best.recompute)
     too_small = PricingOptions(max_mem_gib=24)
-    ctx = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 8,
-                          Job(global_batch_size=8, seq_length=16384, activation_offload=True),
-                          options=too_small)  # fmt: skip
+    ctx = context(planner, gbs=8, seq=16384, options=too_small, activation_offload=True)
     with pytest.raises(InfeasibleError, match="even with activation offload"):
         planner.search(ctx, space, top_k=3, options=too_small)
     # No recompute, layers offloaded where needed: the same miss, named as such.
@@ -115,9 +125,7 @@ def test_offload_fits_what_full_recompute_cannot(planner: Planner) -> None:
     with pytest.raises(InfeasibleError, match=r"recompute none, activations offloaded\)"):
         planner.search(ctx, none, top_k=3, options=too_small)
     offloading = search(activation_offload=True)  # a search that keeps none finds them too
-    ctx = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 8,
-                          Job(global_batch_size=8, seq_length=16384, activation_offload=True),
-                          options=opts)  # fmt: skip
+    ctx = context(planner, gbs=8, seq=16384, options=opts, activation_offload=True)
     kept = planner.search(ctx, none, top_k=3, options=opts).result.plans
     assert kept and all({r.option for r in p.recompute} <= {"none", "offload"} for p in kept)
     assert kept[0].time.step_s >= offloading.result.plans[0].time.step_s
@@ -131,9 +139,7 @@ def test_no_recompute_offloads_only_the_layers_that_do_not_fit(planner: Planner)
 
     def estimate(max_mem: float, **job):
         opts = PricingOptions(max_mem_gib=max_mem)
-        job = Job(global_batch_size=1, seq_length=16384, **job)
-        ctx = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 8, job,
-                              options=opts)  # fmt: skip
+        ctx = context(planner, layout, seq=16384, options=opts, **job)
         return planner.estimate(ctx, layout, options=opts)
 
     def offloaded_layers(plan) -> int:
@@ -175,14 +181,8 @@ def test_the_search_bound_stays_below_auto_when_none_would_offload(
     for less)."""
     layout = Layout(tp=8, num_microbatches=1, recompute="auto")
     opts = PricingOptions(max_mem_gib=max_mem)
-    device = planner.device("h100")
-    device = device.model_copy(
-        update={
-            "host_link": device.host_link.model_copy(update={"bandwidth_gb_per_s": host_gb_per_s})
-        }
-    )
-    job = Job(global_batch_size=1, seq_length=16384, activation_offload=True)
-    ctx = planner.context(planner.model("llama-3-8b"), device, 8, job, options=opts)
+    ctx = context(planner, layout, seq=16384, host_gb_per_s=host_gb_per_s, options=opts,
+                  activation_offload=True)  # fmt: skip
     pricer = planner.pricer(ctx, opts)
     auto = pricer.price(layout)
     assert auto.fits
@@ -204,11 +204,8 @@ def test_a_faster_host_link_never_makes_the_per_layer_choice_slower(
     opts = PricingOptions(max_mem_gib=max_mem)
     steps = []
     for bandwidth in (host_gb_per_s, 2 * host_gb_per_s):
-        device = planner.device("h100")
-        link = device.host_link.model_copy(update={"bandwidth_gb_per_s": bandwidth})
-        device = device.model_copy(update={"host_link": link})
-        job = Job(global_batch_size=2 * (8 // tp), seq_length=8192, activation_offload=True)
-        ctx = planner.context(planner.model("llama-3-8b"), device, 8, job, options=opts)
+        ctx = context(planner, layout, seq=8192, host_gb_per_s=bandwidth, options=opts,
+                      activation_offload=True)  # fmt: skip
         plan = planner.estimate(ctx, layout, options=opts)
         steps.append((plan.memory.fits, plan.time.step_s))
     (fits_slow, slow), (fits_fast, fast) = steps
