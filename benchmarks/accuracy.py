@@ -97,7 +97,9 @@ def main(out: Path = OUT) -> dict:
         f"shipped calibration ({calibration.source}). The fit used only rows with an even `row_id`; the "
         "**test** rows (odd `row_id`) are the honest figure. Error is predicted / measured step time − 1; "
         "rows that give tokens/s are converted to step time directly, rows that give only TFLOP/s with "
-        "their source's FLOP convention.",
+        "their source's FLOP convention. What a row leaves unstated takes its framework's default, "
+        "except the micro-batch size: a row without one (the Megatron-LM README table, NeMo's "
+        "long-sequence table) is priced at the fastest size that fits, as the search would choose it.",
         "",
         "## Headline (test rows)",
         "",

@@ -47,17 +47,13 @@ def cases(planner: Planner):
             yield c
 
 
-UNSTATED = {"mbs=1": "mbs", "vpp=1": "vpp"}
-"""Assumed defaults that stand for a degree the source does not state."""
-
-
 def evaluate(planner: Planner, case, calibration) -> dict:
     """The published layout's rank and gap. A degree the source does not state (the
     Megatron-LM README gives neither micro-batch nor VPP) is free: the published layout
     is every layout with the stated degrees, and the best of them counts."""
     ctx = planner.context(case.model, case.device, case.num_devices, case.job)
     lay = case.layout
-    free = {UNSTATED[a] for a in case.assumed if a in UNSTATED}
+    free = set(case.unstated)
     want = {
         "tp": lay.tp,
         "pp": lay.pp,

@@ -28,7 +28,9 @@ from ndplan.core.fitting import (
     prior_penalty,
     spearman,
 )
-from ndplan.planner import Planner, PricingOptions
+from ndplan.core.layout import Layout
+from ndplan.core.search import divisors
+from ndplan.planner import Planner, PricingOptions, validate_layout
 
 FAMILIES = {
     "a100-40gb": "ampere",
@@ -83,6 +85,11 @@ class RowResult:
 
 
 def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> RowResult:
+    """Price one measured row as it ran. An unstated micro-batch size is not guessed at 1:
+    a published run was tuned, so every size the batch allows is priced and the fastest
+    that fits stands for the row, as the search would choose it (the default stands when
+    none fits). An unstated interleaving depth stays at its default: the time model
+    charges deep interleaving too little (see ``unstated_mbs_variants``)."""
     ctx = PricingContext(
         model=case.model,
         cluster=Cluster(device=case.device, num_devices=case.num_devices),
@@ -90,8 +97,19 @@ def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> Row
         calibration=calibration,
     )
     pricer = planner.pricer(ctx, PricingOptions())
-    priced = pricer.price(case.layout)
+    layout, priced = case.layout, pricer.price(case.layout)
     assert priced.time is not None
+    for other in unstated_mbs_variants(case):
+        try:
+            validate_layout(ctx, other)
+        except NdplanError:
+            continue
+        candidate = pricer.price(other)
+        assert candidate.time is not None
+        if candidate.fits and (not priced.fits or candidate.time.step_s < priced.time.step_s):
+            layout, priced = other, candidate
+    how = "the fastest that fits" if priced.fits else "no size fits"
+    assumed = [f"mbs={layout.mbs} (unstated: {how})" if a == "mbs=1" else a for a in case.assumed]
     return RowResult(
         row_id=case.row_id,
         source=case.source,
@@ -100,7 +118,7 @@ def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> Row
         hardware=case.hardware,
         num_devices=case.num_devices,
         tokens_per_step=case.job.global_batch_size * case.job.seq_length,
-        layout=case.layout.label,
+        layout=layout.label,
         moe=case.moe,
         check=case.check,
         measured_s=case.measured_step_s,
@@ -109,9 +127,28 @@ def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> Row
         predicted_peak_gib=priced.peak_bytes / 2**30,
         measured_peak_gib=case.measured_peak_gib,
         step_from=case.step_from,
-        assumed=case.assumed,
+        assumed=assumed,
         parts=dict(priced.time.parts),
     )
+
+
+def unstated_mbs_variants(case: RunCase) -> list[Layout]:
+    """The row's layout at every other micro-batch size that divides its per-replica batch,
+    when the source does not state one (the checks of ``validate_layout`` still apply).
+
+    The interleaving depth is not varied with it. The time model shrinks the bubble with
+    every extra chunk and charges little for the extra transfers, so the fastest depth is
+    always the deepest (one layer per chunk), which published recipes do not run (they
+    stop at 2–4 layers per chunk)."""
+    lay = case.layout
+    if "mbs" not in case.unstated:
+        return []
+    per_replica = case.job.global_batch_size // lay.dp
+    return [
+        lay.model_copy(update={"mbs": mbs, "num_microbatches": per_replica // mbs})
+        for mbs in divisors(per_replica)
+        if mbs != lay.mbs
+    ]
 
 
 def compare(

@@ -5,7 +5,8 @@ cluster measured. Published tables state different things: where a row gives
 tokens/s the step time follows directly; where it gives only TFLOP/s it is
 converted back with the FLOP convention its source used (full or causal
 attention). What a row leaves unstated takes the framework's default of that
-release, recorded as an assumption; a row that lacks the architecture, the
+release, recorded as an assumption (an unstated micro-batch size is settled when the
+row is priced: the fastest that fits); a row that lacks the architecture, the
 degrees or the batch is skipped with a reason.
 """
 
@@ -55,6 +56,10 @@ class RunCase:
     """How the step time was derived: step_time, tokens/s, or tflops (convention)."""
     measured_peak_gib: float | None = None
     assumed: list[str] = field(default_factory=list)
+    unstated: frozenset[str] = frozenset()
+    """Layout fields the source leaves unstated (``mbs``, ``vpp``); ``layout`` holds their
+    defaults. Pricing tries every micro-batch size (``validation.price_case``), and the
+    search quality benchmark counts any value of either as the published layout."""
 
 
 @dataclass
@@ -293,9 +298,11 @@ class RunInterpreter:
             assumed.append(f"seq_len={seq} (source's default, from notes)")
         mbs = _int(row.get("micro_batch_size", ""))
         gbs = _int(row.get("global_batch_size", ""))
+        unstated: set[str] = set()
         if mbs is None:
             mbs = 1
             assumed.append("mbs=1")
+            unstated.add("mbs")
         if gbs is None:
             accum = _int(row.get("grad_accum", "")) or 1
             gbs = dp * mbs * accum
@@ -307,6 +314,7 @@ class RunInterpreter:
             # An empty vpp column means "not interleaved", unless the notes say the source
             # does not state it (the Megatron-LM README table); record that it was assumed.
             assumed.append("vpp=1")
+            unstated.add("vpp")
         ep = _int(row.get("ep", "")) or 1
         etp = _int(row.get("etp", ""))
         policy, fraction = recompute_of(row.get("recompute", ""))
@@ -402,6 +410,7 @@ class RunInterpreter:
             step_from=how,
             measured_peak_gib=peak,
             assumed=assumed,
+            unstated=frozenset(unstated),
         )
 
     @staticmethod

@@ -34,6 +34,7 @@ from ndplan.adapters.measured import (
 from ndplan.core.counting import count_flops
 from ndplan.core.errors import InvalidInputError
 from ndplan.planner import Planner
+from ndplan.validation import price_case, unstated_mbs_variants
 
 # = tests/conftest.py::SHARED_DATA
 SHARED_DATA = Path(__file__).resolve().parents[1] / "data" / "shared"
@@ -531,3 +532,43 @@ def test_read_rows_refuses_a_csv_without_the_required_columns(tmp_path: Path) ->
         {"row_id": "1", "source": "a", "model": "", "hardware": "", "num_gpus": ""}
     ]
     assert set(REQUIRED_COLUMNS) <= set(ROWS[0])
+
+
+def test_an_unstated_micro_batch_is_priced_at_the_fastest_that_fits(
+    interpreter: RunInterpreter,
+) -> None:
+    """The Megatron-LM README gives no micro-batch size: its GPT-32B row (tp8, dp48, four
+    sequences per replica) is priced at each size the batch allows and the fastest that
+    fits stands for it, as the search would choose; a stated size is priced as stated."""
+    planner = Planner()
+    calibration = planner.calibration(None)
+    unstated = case(interpreter, 347)
+    assert unstated.unstated == frozenset({"mbs"}) and unstated.layout.mbs == 1
+    sizes = [lay.mbs for lay in unstated_mbs_variants(unstated)]
+    assert sizes == [2, 4]
+    each = {
+        mbs: price_case(planner, case(interpreter, 347, micro_batch_size=str(mbs)), calibration)
+        for mbs in (1, 2, 4)
+    }
+    assert all(r.fits for r in each.values())
+    fastest = min(each, key=lambda mbs: each[mbs].predicted_s)
+    priced = price_case(planner, unstated, calibration)
+    assert priced.predicted_s == each[fastest].predicted_s < each[1].predicted_s
+    assert f" mbs{fastest} " in priced.layout
+    assert f"mbs={fastest} (unstated: the fastest that fits)" in priced.assumed
+    stated = case(interpreter, 347, micro_batch_size="1")
+    assert stated.unstated == frozenset() and unstated_mbs_variants(stated) == []
+
+
+def test_an_unstated_micro_batch_keeps_its_default_when_no_size_fits(
+    interpreter: RunInterpreter,
+) -> None:
+    """With room for no size, the row is priced at mbs 1, as not fitting."""
+    planner = Planner()
+    calibration = planner.calibration(None)
+    tiny = {**BY_ID[347], "hardware": "a100-40gb"}  # GPT-32B on tp8 and 40 GB
+    cramped = interpreter.interpret({**tiny, "seq_len": "65536", "global_batch_size": "192"})
+    assert isinstance(cramped, RunCase)
+    priced = price_case(planner, cramped, calibration)
+    assert not priced.fits and " mbs1 " in priced.layout
+    assert "mbs=1 (unstated: no size fits)" in priced.assumed
