@@ -145,7 +145,11 @@ def estimate(
     ] = None,
     recompute: Annotated[
         str,
-        typer.Option("--recompute", help="none, selective, full, or auto (per-layer knapsack)."),
+        typer.Option(
+            "--recompute",
+            help="none, selective (Megatron: core attention; torchtitan: its per-op "
+            "policy), full, or auto (per-layer knapsack).",
+        ),
     ] = "none",
     offload_optimizer: Annotated[
         bool, typer.Option("--offload-optimizer", help="Keep optimizer state in host memory.")

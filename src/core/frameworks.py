@@ -22,10 +22,16 @@ def offloads(recompute: frozenset[str] | None) -> bool:
     return recompute is not None and OFFLOAD in recompute
 
 
-SWITCHES = ("core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn")
+SWITCHES = ("core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn", "op")
 """Recomputable ops (spec/recompute.md): core attention (scores/softmax, or the flash
 kernel's saved state), the norms, the FFN activation function, the sequence-parallel
-all-gather outputs, MLA up-projections, the routed-expert FFN."""
+all-gather outputs, MLA up-projections, the routed-expert FFN; and ``op``, torchtitan's
+per-op selective policy (``selective_ac_option = "op"``), which saves the attention
+kernel's output, the reduce-scatters and every other matmul output of a layer (the 1st,
+3rd, 5th, … in call order) and recomputes everything else. On a standard-attention
+layer that recomputes the norms, RoPE, the K and output projections, the residual add
+and, for a gated FFN, the up projection and the activation; on other layers (latent or
+linear attention, MoE FFN) it is priced as recomputing the norms and activations."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,9 +92,11 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         zero_stages=(0, 3),
         default_zero=3,
         schedules=("1f1b", "interleaved", "gpipe", "dualpipev"),
-        switches=frozenset({"norm", "act"}),
+        # Per-layer choices: keep, the per-op policy, or the whole layer (torchtitan's
+        # "selective layer" checkpoints every n-th layer whole).
+        switches=frozenset({"op"}),
         forced_switches=frozenset(),
-        selective=frozenset({"norm", "act"}),
+        selective=frozenset({"op"}),
         cp_kinds=("ring",),
         grad_reduce_dtype="fp32",
         fused_loss=False,

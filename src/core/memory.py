@@ -81,6 +81,10 @@ class Tensor:
     nbytes: float
     dropped_by: frozenset[str]
     """Recompute switches any of which drops it (and recomputes its producer)."""
+    kept_by: frozenset[str] = frozenset()
+    """When set, it exists only under one of these switches: an output a selective policy
+    saves although the plain backward does not need it (torchtitan's per-op policy keeps
+    the down projection's output and the reduce-scatters' outputs)."""
 
 
 def _tokens(ctx: PricingContext, layout: Layout) -> float:
@@ -107,26 +111,29 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
     seq = ctx.job.seq_length
     out: list[Tensor] = []
 
-    def add(name: str, nbytes: float, *switches: str) -> None:
+    def add(name: str, nbytes: float, *switches: str, kept_by: tuple[str, ...] = ()) -> None:
         if nbytes > 0:
-            out.append(Tensor(name, nbytes, frozenset(switches)))
+            out.append(Tensor(name, nbytes, frozenset(switches), frozenset(kept_by)))
 
     def norm_output(name: str, width: float) -> None:
         """A norm's output feeding a (possibly SP-gathered) linear layer."""
-        add(name, lb * n * width / sigma, "norm")
+        add(name, lb * n * width / sigma, "norm", "op")
         if sp:  # the gathered full-sequence copy, kept unless re-gathered in the backward
-            add(name + "_gathered", lb * n * width * (1 - 1 / sigma), "norm", "sp_gather")
+            add(name + "_gathered", lb * n * width * (1 - 1 / sigma), "norm", "sp_gather", "op")
 
     add("layer_input", ab * n * h / sigma)
     att = kind.attention
+    # torchtitan's per-op policy (the "op" switch) counts a standard layer's matmuls in
+    # call order (q, k, v, out; gate, up, down) and saves the odd ones' outputs.
+    per_op = isinstance(att, StandardAttention) and "op" in ctx.framework.switches
     norm_output("attn_norm_out", h)
     if isinstance(att, StandardAttention):
         q_width = att.num_heads * att.head_dim
         kv_width = max(att.num_kv_heads, t) * att.head_dim  # kv heads replicate when fewer than tp
         if att.qk_norm:
-            add("qk_norm_in", ab * n * (q_width + kv_width) / t, "norm")
+            add("qk_norm_in", ab * n * (q_width + kv_width) / t, "norm", "op")
         add("q", ab * n * q_width / t)
-        add("k", ab * n * kv_width / t)
+        add("k", ab * n * kv_width / t, "op")
         add("v", ab * n * kv_width / t)
         if att.output_gate:
             add("output_gate", ab * n * q_width / t)
@@ -137,9 +144,9 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
         d_qk = att.qk_nope_head_dim + att.qk_rope_head_dim
         if att.q_lora_rank:
             add("q_latent", ab * n * att.q_lora_rank / sigma)
-            add("q_latent_norm_out", lb * n * att.q_lora_rank / sigma, "norm")
+            add("q_latent_norm_out", lb * n * att.q_lora_rank / sigma, "norm", "op")
         add("kv_latent", ab * n * (att.kv_lora_rank + att.qk_rope_head_dim) / sigma)
-        add("kv_latent_norm_out", lb * n * att.kv_lora_rank / sigma, "norm")
+        add("kv_latent_norm_out", lb * n * att.kv_lora_rank / sigma, "norm", "op")
         add("q", ab * n * a * d_qk / t, "mla_up")
         add("k", ab * n * a * d_qk / t, "mla_up")
         add("v", ab * n * a * att.v_head_dim / t, "mla_up")
@@ -159,16 +166,27 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
             "core_attn",
         )
         add("core_out", ab * n * val_w / t)
-        add("gated_norm_out", lb * n * val_w / t, "norm")
+        add("gated_norm_out", lb * n * val_w / t, "norm", "op")
     if dropout:
         add("attn_dropout_mask", 1 * n * h / sigma)
-    add("mid_residual", ab * n * h / sigma)
+    add("mid_residual", ab * n * h / sigma, *(("op",) if per_op else ()))
+    if per_op and t > 1 and sp:  # the output projection's reduce-scatter, saved
+        add("attn_scattered", ab * n * h / sigma, kept_by=("op",))
     norm_output("ffn_norm_out", h)
     ffn = kind.ffn
     if isinstance(ffn, DenseFFN):
         width = ffn.intermediate_size
-        add("fc1_out", ab * n * (2 if ffn.gated else 1) * width / t)
-        add("act_out", lb * n * width / t, "act")
+        if ffn.gated and per_op:
+            # The gate (5th matmul) saved, the up projection (6th) recomputed, and the
+            # down projection's (7th) output saved, before its reduce.
+            add("fc1_out", ab * n * 2 * width / t, "op")
+            add("fc1_gate_out", ab * n * width / t, kept_by=("op",))
+            add("fc2_out", ab * n * h, kept_by=("op",))
+        else:
+            add("fc1_out", ab * n * (2 if ffn.gated else 1) * width / t)
+        if per_op and t > 1 and sp:
+            add("ffn_scattered", ab * n * h / sigma, kept_by=("op",))
+        add("act_out", lb * n * width / t, "act", "op")
     else:
         moe: MoEFFN = ffn
         add("router_probs", 2 * 4 * n * moe.num_experts / sigma)
@@ -176,7 +194,7 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
         width = moe.expert_intermediate_size / layout.expert_tp
         add("expert_in", lb * copies * h)
         add("expert_fc1_out", ab * copies * (2 if moe.gated else 1) * width, "moe_ffn")
-        add("expert_act_out", lb * copies * width, "act", "moe_ffn")
+        add("expert_act_out", lb * copies * width, "act", "moe_ffn", "op")
         add("expert_out", ab * copies * h, "moe_ffn")
         add("routing_map", 8 * (n / sigma) * moe.top_k)
         if moe.shared_intermediate_size:
@@ -184,7 +202,7 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
                 "shared_fc1_out",
                 ab * n * (2 if moe.gated else 1) * moe.shared_intermediate_size / t,
             )
-            add("shared_act_out", lb * n * moe.shared_intermediate_size / t, "act")
+            add("shared_act_out", lb * n * moe.shared_intermediate_size / t, "act", "op")
     if dropout:
         add("ffn_dropout_mask", 1 * n * h / sigma)
     result = tuple(out)
@@ -212,7 +230,13 @@ def activation_bytes(
     if recompute is None:
         return math.ceil(tensors[0].nbytes)
     active = recompute | forced
-    return math.ceil(sum(t.nbytes for t in tensors if not (t.dropped_by & active)))
+    return math.ceil(
+        sum(
+            t.nbytes
+            for t in tensors
+            if not (t.dropped_by & active) and (not t.kept_by or t.kept_by & active)
+        )
+    )
 
 
 class NdplanMemoryModel:
@@ -461,7 +485,7 @@ class NdplanMemoryModel:
         largest = 0.0
         for kind_index, _, _ in stage.groups:
             kind = ctx.model.kinds[kind_index]
-            tensors = layer_tensors(ctx, layout, kind)
+            tensors = [tt for tt in layer_tensors(ctx, layout, kind) if not tt.kept_by]
             plain = sum(tt.nbytes for tt in tensors)
             biggest = max(tt.nbytes for tt in tensors)
             grads = (

@@ -267,7 +267,10 @@ class NdplanCostModel:
             low_precision: bool | None = None,
             routed: bool = False,
             gathered: bool = False,
+            recomputed_share: tuple[float, str] | None = None,
         ) -> None:
+            """One GEMM op; ``recomputed_share`` (share, switch): that share of it (a
+            fused projection's part) is recomputed under one more switch."""
             nonlocal flops
             fwd = self._gemm_s(
                 ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed
@@ -279,34 +282,60 @@ class NdplanCostModel:
                 cast_rows = m / sigma if gathered else m
                 fwd += self._hbm_s(ctx, cast * cast_rows * k * count)
             # Frozen weights (LoRA) need no weight-gradient GEMM: the backward is dgrad only.
-            ops.append(Op(name, fwd, backward_gemms * fwd, frozenset(switches), kernels=2))
             f = 2.0 * m * k * nn * count
             flops += f
             for sw in switches:
                 rec_flops[sw] = rec_flops.get(sw, 0.0) + f
+            if recomputed_share is None:
+                ops.append(Op(name, fwd, backward_gemms * fwd, frozenset(switches), kernels=2))
+                return
+            share, extra = recomputed_share
+            kept, part = fwd * (1 - share), fwd * share
+            ops.append(Op(name, kept, backward_gemms * kept, frozenset(switches), kernels=1))
+            ops.append(
+                Op(name + "_part", part, backward_gemms * part, frozenset({*switches, extra}), 1)
+            )
+            if extra not in switches:
+                rec_flops[extra] = rec_flops.get(extra, 0.0) + f * share
 
         def elementwise(
-            name: str, nbytes: float, switches=(), backward_factor: float = 2.0
+            name: str, nbytes: float, switches=(), backward_factor: float = 2.0, kernels: int = 1
         ) -> None:
             fwd = self._hbm_s(ctx, nbytes)
-            ops.append(Op(name, fwd, backward_factor * fwd, frozenset(switches)))
+            ops.append(Op(name, fwd, backward_factor * fwd, frozenset(switches), kernels))
 
+        att = kind.attention
+        # torchtitan's per-op policy ("op") on a standard layer: its matmuls in call order
+        # are q, k, v, out, gate, up, down; the even ones (k, out, up) are recomputed with
+        # the norms, RoPE, the first residual add and the activation (see SWITCHES).
+        per_op = isinstance(att, StandardAttention) and "op" in ctx.framework.switches
+        recomputed = ("op",) if per_op else ()
         # Norms: read input, write output (two per layer, plus q/k norms).
-        elementwise("norms", kind.norms_per_layer / 2 * 2 * 2 * ab * n * h / sigma, ("norm",))
-        elementwise("residual_adds", 2 * 3 * ab * n * h / sigma)
+        elementwise("norms", kind.norms_per_layer / 2 * 2 * 2 * ab * n * h / sigma, ("norm", "op"))
+        if per_op:  # the first add is recomputed: the same kernel count, split in two
+            elementwise("attn_residual_add", 3 * ab * n * h / sigma, recomputed)
+            elementwise("ffn_residual_add", 3 * ab * n * h / sigma, kernels=0)
+        else:
+            elementwise("residual_adds", 2 * 3 * ab * n * h / sigma)
         if job.dropout > 0:
             elementwise("dropout", 2 * (2 * ab + 1) * n * h / sigma)
 
-        att = kind.attention
         if isinstance(att, StandardAttention):
             q_w = att.num_heads * att.head_dim * (2 if att.output_gate else 1)
             kv_w = max(att.num_kv_heads, t) * att.head_dim
-            gemm("qkv_proj", n, h, (q_w + 2 * kv_w) / t, gathered=True)
+            gemm(
+                "qkv_proj",
+                n,
+                h,
+                (q_w + 2 * kv_w) / t,
+                gathered=True,
+                recomputed_share=(kv_w / (q_w + 2 * kv_w), "op") if per_op else None,
+            )
             if att.qk_norm:
-                elementwise("qk_norm", 2 * ab * n * (q_w + kv_w) / t, ("norm",))
-            elementwise("rope", 2 * ab * n * (att.num_heads * att.head_dim + kv_w) / t)
+                elementwise("qk_norm", 2 * ab * n * (q_w + kv_w) / t, ("norm", "op"))
+            elementwise("rope", 2 * ab * n * (att.num_heads * att.head_dim + kv_w) / t, recomputed)
             att_flops = n * core_attention_flops(att, seq, "causal") / t
-            gemm("out_proj", n, att.num_heads * att.head_dim / t, h)
+            gemm("out_proj", n, att.num_heads * att.head_dim / t, h, recomputed)
             kv_bytes_per_token = 2 * kv_w / t * ab
             heads_local = att.num_heads / t
         elif isinstance(att, LatentAttention):
@@ -374,8 +403,15 @@ class NdplanCostModel:
         ep_fwd = 0.0
         if isinstance(ffn, DenseFFN):
             width = ffn.intermediate_size
-            gemm("fc1", n, h, (2 if ffn.gated else 1) * width / t, gathered=True)
-            elementwise("activation", (3 if ffn.gated else 2) * ab * n * width / t, ("act",))
+            gemm(
+                "fc1",
+                n,
+                h,
+                (2 if ffn.gated else 1) * width / t,
+                gathered=True,
+                recomputed_share=(0.5, "op") if ffn.gated and per_op else None,
+            )
+            elementwise("activation", (3 if ffn.gated else 2) * ab * n * width / t, ("act", "op"))
             gemm("fc2", n, width / t, h)
         else:
             moe: MoEFFN = ffn
@@ -400,7 +436,7 @@ class NdplanCostModel:
             elementwise(
                 "expert_activation",
                 (3 if moe.gated else 2) * ab * copies * width,
-                ("act", "moe_ffn"),
+                ("act", "moe_ffn", "op"),
             )
             gemm(
                 "expert_fc2",
@@ -422,7 +458,7 @@ class NdplanCostModel:
                 elementwise(
                     "shared_activation",
                     (3 if moe.gated else 2) * ab * n * moe.shared_intermediate_size / t,
-                    ("act",),
+                    ("act", "op"),
                 )
                 gemm("shared_fc2", n, moe.shared_intermediate_size / t, h)
             if layout.ep > 1:
@@ -536,7 +572,10 @@ class NdplanCostModel:
         else:
             active = recompute | forced
             rec = sum(op.forward_s for op in cost.ops if op.recomputed_by & active)
-            if "sp_gather" in recompute and "sp_gather" not in forced:
+            # Inputs not kept gathered are gathered again (torchtitan's per-op policy
+            # saves reduce-scatters, not all-gathers).
+            regathers = "sp_gather" in recompute or "op" in recompute
+            if regathers and "sp_gather" not in forced:
                 tp += cost.sp_regather_s * tp_exposed
         found = {
             "forward": fwd,

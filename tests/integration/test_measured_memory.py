@@ -8,18 +8,15 @@ the shipped calibration, which fits no memory parameter); nothing is tuned to th
 
 Stated tolerance: ``|predicted / measured − 1| ≤ 10 %``.
 
-- The full-AC rows (the CP sweep) are within it (observed −2.8 % … −3.9 %).
-- The selective-AC rows are NOT (observed +15 % … +30 %), and are marked ``xfail(strict)``
-  so the suite records the gap and flags the day it closes. The cause is a modelling gap,
-  not a tuning matter: torchtitan's ``selective`` AC (``selective_ac_option = "op"``, the
-  llama3 toml default) saves the outputs of every *other* matmul and of SDPA, and
-  recomputes the rest (norms, elementwise ops, and the k, wo and w3 projections).
-  ndplan's torchtitan trait prices "selective" as recomputing the norms and the FFN
-  activation only, keeping ≈ 23·h bytes per token per layer where op-SAC keeps ≈ 15.5·h —
-  7.5·h × 16384 tokens × 32 layers ≈ 15 GiB too much on these rows; without it the
-  errors would be about −4 % … +6 %. The recompute switches cannot express "every other
-  matmul" today. (Rows with ``torch.compile`` also measure 4-5 GiB lower than the eager
-  row; compilation is not a pricing input.)
+- The full-AC rows (the CP sweep) are within it (observed −3.0 % … −4.0 %).
+- The selective-AC rows are within it too (observed −3.5 % … +5.7 %). torchtitan's
+  ``selective`` AC (``selective_ac_option = "op"``, the llama3 toml default) saves the
+  outputs of every *other* matmul and of SDPA, and recomputes the rest (norms, RoPE,
+  elementwise ops, and the k, wo and w3 projections); ndplan prices it as that policy
+  (the ``op`` switch). Before it did, "selective" meant recomputing the norms and the
+  FFN activation only, ≈ 15 GiB too much on these rows (+15 % … +30 %).
+  (Rows with ``torch.compile`` also measure 4-5 GiB lower than the eager row;
+  compilation is not a pricing input.)
 """
 
 from __future__ import annotations
@@ -29,19 +26,13 @@ from pathlib import Path
 import pytest
 
 from ndplan.adapters.measured import RunCase, RunInterpreter, read_rows
+from ndplan.core.memory import NdplanMemoryModel
 from ndplan.planner import Planner
 from ndplan.validation import RowResult, compare
 
 # = tests/conftest.py::SHARED_DATA
 SHARED_DATA = Path(__file__).resolve().parents[1] / "data" / "shared"
 TOLERANCE = 0.10
-REGRESSION_GUARD = 0.35
-"""Not an accuracy claim: the known selective-AC gap must not grow beyond this."""
-OP_SAC_GAP = (
-    "torchtitan's op-level selective AC (saves every other matmul output + SDPA) is priced "
-    "as norm+act recompute: ≈ 7.5·h bytes/token/layer (≈ 15 GiB here) too many activations"
-)
-
 ROWS = [r for r in read_rows(SHARED_DATA / "measured_runs.csv") if r.get("peak_mem", "").strip()]
 ROW_IDS = [int(r["row_id"]) for r in ROWS]
 
@@ -70,20 +61,7 @@ def test_the_peak_memory_rows_are_torchtitans_llama_8b_on_h100_96gb(priced) -> N
     assert set(recompute.values()) == {"selective", "full"}
 
 
-def _params():
-    out = []
-    for r in ROWS:
-        row_id = int(r["row_id"])
-        if r["recompute"].strip().lower() == "selective":
-            out.append(
-                pytest.param(row_id, marks=pytest.mark.xfail(strict=True, reason=OP_SAC_GAP))
-            )
-        else:
-            out.append(row_id)
-    return out
-
-
-@pytest.mark.parametrize("row_id", _params(), ids=[f"row{i}" for i in ROW_IDS])
+@pytest.mark.parametrize("row_id", ROW_IDS, ids=[f"row{i}" for i in ROW_IDS])
 def test_predicted_peak_is_within_the_stated_tolerance(priced, row_id: int) -> None:
     _, result = priced[row_id]
     error = result.memory_error
@@ -99,11 +77,21 @@ def test_every_measured_run_is_predicted_to_fit(priced) -> None:
     assert all(result.fits for _, result in priced.values())
 
 
-def test_the_selective_ac_gap_is_an_overestimate_that_does_not_grow(priced) -> None:
-    selective = [r for c, r in priced.values() if c.layout.recompute == "selective"]
+def test_the_selective_rows_are_priced_as_torchtitans_per_op_policy(priced) -> None:
+    """ "selective" means torchtitan's per-op policy here, and it keeps between the
+    full-recompute and the no-recompute activations."""
+    selective = [(c, r) for c, r in priced.values() if c.layout.recompute == "selective"]
     assert len(selective) == 6
-    for result in selective:
-        assert 0 < result.memory_error <= REGRESSION_GUARD, result.row_id
+    planner = Planner()
+    for case, _ in selective:
+        ctx = planner.context(case.model, case.device, case.num_devices, case.job)
+        assert ctx.framework.selective == frozenset({"op"})
+        mm = NdplanMemoryModel()
+        kind = case.model.kinds[0]
+        per_op = mm.layer_activation_bytes(ctx, case.layout, kind, frozenset({"op"}))
+        plain = mm.layer_activation_bytes(ctx, case.layout, kind, frozenset())
+        full = mm.layer_activation_bytes(ctx, case.layout, kind, None)
+        assert full < per_op < plain
 
 
 def test_the_cp_sweep_keeps_the_peak_flat_like_the_measurement(priced) -> None:

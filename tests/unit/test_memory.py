@@ -519,3 +519,56 @@ def test_tied_embedding_one_copy_on_one_stage_two_when_split(planner: Planner, t
 
     tied_v = _stage_dense(planner, tied, v_shape)
     assert sum(tied_v) == pytest.approx(tied_1)  # DualPipeV: both ends on stage 0, one copy
+
+
+# ----------------------------------------------------------------------------- torchtitan's per-op policy
+
+
+def test_torchtitan_per_op_policy_keeps_every_other_matmul_output(planner: Planner) -> None:
+    """torchtitan's ``selective_ac_option = "op"`` saves the outputs of a layer's 1st, 3rd,
+    5th and 7th matmul (q, v, the FFN gate and down projections), the attention kernel's
+    output and softmax statistics, beside the layer's input; everything else (norms, k,
+    RoPE, the output projection, the residual add, the up projection, the activation)
+    is recomputed. By hand for Llama (h 1024, 16 heads of 64, 4 KV heads, FFN 2816)."""
+    model = llama()
+    layout = Layout(dp=8, zero=3, mbs=2, num_microbatches=1)
+    ctx = make_ctx(planner, model, layout, framework="torchtitan", global_batch_size=16)
+    assert ctx.framework.selective == frozenset({"op"})
+    mm = NdplanMemoryModel()
+    kind = model.kinds[0]
+    n, h, q, kv, ffn = 2 * 4096, 1024, 16 * 64, 4 * 64, 2816
+    stats = 4 * 16 * n  # fp32 log-sum-exp per head and token
+    kept = 2 * n * (h + q + kv + q + ffn + h) + stats  # input, q, v, attention out, gate, down
+    assert mm.layer_activation_bytes(ctx, layout, kind, frozenset({"op"})) == kept
+    # The plain layer keeps k, the norm outputs, the mid residual, both FFN projections and
+    # the activation instead, and not the down projection's output.
+    plain = 2 * n * (h + h + q + 2 * kv + q + h + h + 2 * ffn + ffn) + stats
+    assert mm.layer_activation_bytes(ctx, layout, kind, frozenset()) == plain
+    assert mm.layer_activation_bytes(ctx, layout, kind, None) == 2 * n * h
+
+
+def test_torchtitan_per_op_policy_under_tp_keeps_the_reduce_scatters(planner: Planner) -> None:
+    """With TP (and its sequence parallelism) the policy also saves both reduce-scatter
+    outputs, and the down projection's output is the full-sequence partial sum; the norm
+    outputs are gathered again in the backward, so no gathered copy is kept."""
+    model = llama()
+    t = 2
+    layout = Layout(tp=t, sp=True, dp=4, zero=3, mbs=1, num_microbatches=1)
+    ctx = make_ctx(planner, model, layout, framework="torchtitan", global_batch_size=4)
+    mm = NdplanMemoryModel()
+    n, h, q, kv, ffn = 4096, 1024, 16 * 64, 4 * 64, 2816
+    stats = 4 * 16 * n / t
+    kept = 2 * n * (h / t + q / t + kv / t + q / t + ffn / t + h + h / t + h / t) + stats
+    assert mm.layer_activation_bytes(ctx, layout, model.kinds[0], frozenset({"op"})) == kept
+
+
+def test_megatron_keeps_its_own_switches_and_no_per_op_policy(planner: Planner) -> None:
+    model = llama()
+    layout = Layout(dp=8, mbs=1, num_microbatches=1)
+    ctx = make_ctx(planner, model, layout, framework="megatron", global_batch_size=8)
+    assert "op" not in ctx.framework.switches
+    mm = NdplanMemoryModel()
+    plain = mm.layer_activation_bytes(ctx, layout, model.kinds[0], frozenset())
+    norm_act = mm.layer_activation_bytes(ctx, layout, model.kinds[0], frozenset({"norm", "act"}))
+    n, h, ffn = 4096, 1024, 2816
+    assert plain - norm_act == 2 * n * (2 * h + ffn)  # the two norm outputs, the activation

@@ -49,6 +49,7 @@ from ndplan.core.performance import (
     StageSeconds,
 )
 from ndplan.core.pricing import Pricer
+from ndplan.core.recompute import applicable_switches
 
 DEVICES = {d.id: d for d in builtin_devices()}
 H100 = DEVICES["h100-sxm"]
@@ -1555,3 +1556,37 @@ def test_interleaved_faster_off_critical_stage_is_not_slower() -> None:
 def test_dualpipev_faster_cp_stage_is_not_slower() -> None:
     before, after, _, _, _ = _dualpipev_cp_stage_twice_as_fast()
     assert after.step_s <= before.step_s
+
+
+def test_torchtitan_per_op_policy_recomputes_k_out_and_up_projections() -> None:
+    """torchtitan's per-op policy re-runs the layer's even matmuls (k, the output and the
+    FFN up projection) with the norms, RoPE, the first residual add and the activation;
+    the attention kernel and the odd matmuls are saved. Priced from the same ops as
+    Megatron's fused layer: splitting the fused projections changes no forward time."""
+    cm = NdplanCostModel(NO_OVERHEAD)
+    layout = Layout(dp=8, zero=3, num_microbatches=1)
+    titan = make_ctx(layout, framework="torchtitan")
+    megatron = make_ctx(layout, framework="megatron")
+    fused = {op.name: op.forward_s for op in cm.layer_cost(megatron, layout, DENSE).ops}
+    split = cm.layer_cost(titan, layout, DENSE)
+    q, kv = 16 * 128, 4 * 128
+    expected = (
+        fused["qkv_proj"] * kv / (q + 2 * kv)
+        + fused["out_proj"]
+        + fused["fc1"] / 2
+        + fused["norms"]
+        + fused["rope"]
+        + fused["residual_adds"] / 2
+        + fused["activation"]
+    )
+    seconds = cm.layer_seconds(titan, layout, DENSE, frozenset({"op"}))
+    assert seconds["recompute"] == pytest.approx(expected, rel=1e-12)
+    assert sum(op.forward_s for op in split.ops if op.name != "core_attention") == pytest.approx(
+        sum(s for name, s in fused.items() if name != "core_attention"), rel=1e-12
+    )
+    n, h = 4096, 2048
+    assert cm.recompute_flops(titan, layout, DENSE, frozenset({"op"})) == pytest.approx(
+        2 * n * h * (kv + q + 8192), rel=1e-12
+    )
+    # torchtitan offers keep, the per-op policy, or the whole layer
+    assert applicable_switches(titan, layout, DENSE) == ("op",)
