@@ -29,6 +29,7 @@ from ndplan.core.fitting import (
     spearman,
 )
 from ndplan.core.layout import Layout
+from ndplan.core.pricing import PricedLayout
 from ndplan.core.search import divisors
 from ndplan.planner import Planner, PricingOptions, validate_layout
 
@@ -97,14 +98,20 @@ def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> Row
         calibration=calibration,
     )
     pricer = planner.pricer(ctx, PricingOptions())
-    layout, priced = case.layout, pricer.price(case.layout)
+
+    def price(layout: Layout) -> PricedLayout:
+        if case.whole_layer_every is not None:
+            return pricer.price_layer_checkpointing(layout, case.whole_layer_every)
+        return pricer.price(layout)
+
+    layout, priced = case.layout, price(case.layout)
     assert priced.time is not None
     for other in unstated_mbs_variants(case):
         try:
             validate_layout(ctx, other)
         except NdplanError:
             continue
-        candidate = pricer.price(other)
+        candidate = price(other)
         assert candidate.time is not None
         if candidate.fits and (not priced.fits or candidate.time.step_s < priced.time.step_s):
             layout, priced = other, candidate

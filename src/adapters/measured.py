@@ -56,6 +56,9 @@ class RunCase:
     """How the step time was derived: step_time, tokens/s, or tflops (convention)."""
     measured_peak_gib: float | None = None
     assumed: list[str] = field(default_factory=list)
+    whole_layer_every: int | None = None
+    """Layer-level checkpointing: one layer in this many is recomputed whole, the rest
+    keep everything (``layout.recompute`` is then ``none``)."""
     unstated: frozenset[str] = frozenset()
     """Layout fields the source leaves unstated (``mbs``, ``vpp``); ``layout`` holds their
     defaults. Pricing tries every micro-batch size (``validation.price_case``), and the
@@ -158,15 +161,16 @@ def precision_of(value: str) -> str | None:
     return "bf16"
 
 
-def recompute_of(value: str) -> tuple[str, float | None]:
-    """(policy, fraction of layers fully recomputed) for the CSV's recompute column."""
+def recompute_of(value: str) -> tuple[str, int | None]:
+    """(policy, every how many layers one is recomputed whole, when only some are) for
+    the CSV's recompute column."""
     v = value.lower().strip()
     if not v or v in ("none", "no"):
         return "none", None
     if v.startswith("full"):
         return "full", None
-    if "layer" in v:  # torchtitan's layer-level selective AC: every second layer in full
-        return "full", 0.5
+    if "layer" in v:  # torchtitan's layer-level selective AC: every second layer whole
+        return "none", 2
     return "selective", None
 
 
@@ -317,7 +321,7 @@ class RunInterpreter:
             unstated.add("vpp")
         ep = _int(row.get("ep", "")) or 1
         etp = _int(row.get("etp", ""))
-        policy, fraction = recompute_of(row.get("recompute", ""))
+        policy, whole_every = recompute_of(row.get("recompute", ""))
         if not row.get("recompute", "").strip():
             assumed.append("recompute=none")
         zero = zero_of(row.get("fsdp_zero", ""), framework)
@@ -385,8 +389,10 @@ class RunInterpreter:
             )
         except ValidationError as exc:
             return skip(f"layout: {exc.errors()[0].get('msg')}")
-        if fraction is not None:
-            assumed.append("layer-level AC priced as full recompute of every layer")
+        if whole_every is not None:
+            assumed.append(
+                f"layer-level AC: one layer in {whole_every} recomputed whole (torchtitan's default)"
+            )
         step, how = self._measured_step(row, model, n, gbs, seq)
         if step is None:
             return skip("no throughput stated (tokens/s, step time or TFLOP/s)")
@@ -411,6 +417,7 @@ class RunInterpreter:
             measured_peak_gib=peak,
             assumed=assumed,
             unstated=frozenset(unstated),
+            whole_layer_every=whole_every,
         )
 
     @staticmethod

@@ -249,6 +249,32 @@ class Pricer:
         activations = tuple(self.activation_bytes(layout, a) for a in assignment)
         return self._finish(layout, stages, static_totals, assignment, activations, with_time)
 
+    def price_layer_checkpointing(self, layout: Layout, every: int) -> PricedLayout:
+        """Every ``every``-th layer recomputed whole and the rest kept: torchtitan's
+        layer-level selective AC (``selective_ac_option = "2"`` wraps every second layer
+        in a checkpoint), for pricing runs that used it. Counted within each of a stage's
+        layer groups, so a group of ``n`` layers recomputes ``n // every``."""
+        stages = self.ctx.placement(layout)
+        static_totals = self._static_totals(layout, stages)
+        kept, whole = self._kind_bytes(layout, frozenset()), self._kind_bytes(layout, None)
+        assignment, activations = [], []
+        for stage in stages:
+            parts, act = [], 0
+            for kind, count, in_flight in stage.groups:
+                recomputed = count // every
+                for option, n, per_layer in (
+                    (None, recomputed, whole),
+                    (frozenset(), count - recomputed, kept),
+                ):
+                    if n:
+                        parts.append((kind, in_flight, n, option))
+                        act += n * in_flight * per_layer[kind]
+            assignment.append(tuple(parts))
+            activations.append(act)
+        return self._finish(
+            layout, stages, static_totals, tuple(assignment), tuple(activations), True
+        )
+
     def _price_fixed(
         self,
         layout: Layout,

@@ -33,7 +33,7 @@ from ndplan.adapters.measured import (
 )
 from ndplan.core.counting import count_flops
 from ndplan.core.errors import InvalidInputError
-from ndplan.planner import Planner
+from ndplan.planner import Planner, PricingOptions
 from ndplan.validation import price_case, unstated_mbs_variants
 
 # = tests/conftest.py::SHARED_DATA
@@ -149,7 +149,7 @@ def test_every_row_prices_with_its_frameworks_traits(
         ("selective", ("selective", None)),
         ("selective op", ("selective", None)),
         ("selective (attention core)", ("selective", None)),
-        ("selective layer", ("full", 0.5)),
+        ("selective layer", ("none", 2)),
     ],
 )
 def test_recompute_strings(text: str, expected: tuple) -> None:
@@ -572,3 +572,30 @@ def test_an_unstated_micro_batch_keeps_its_default_when_no_size_fits(
     priced = price_case(planner, cramped, calibration)
     assert not priced.fits and " mbs1 " in priced.layout
     assert "mbs=1 (unstated: no size fits)" in priced.assumed
+
+
+def test_layer_level_checkpointing_recomputes_every_second_layer_whole(
+    interpreter: RunInterpreter,
+) -> None:
+    """torchtitan's "selective layer" AC wraps every second layer in a checkpoint: row 403
+    (Llama 3 8B, 32 layers, FSDP on 64 A100) recomputes 16 layers whole and keeps the
+    other 16, so its recompute time is half of full recompute's and its activations the
+    mean of the kept and the whole-layer options."""
+    planner = Planner()
+    calibration = planner.calibration(None)
+    mixed = case(interpreter, 403)
+    assert mixed.whole_layer_every == 2 and mixed.layout.recompute == "none"
+    by_policy = {
+        policy: price_case(planner, case(interpreter, 403, recompute=text), calibration)
+        for policy, text in (("none", "none"), ("full", "full"))
+    }
+    priced = price_case(planner, mixed, calibration)
+    full, none = by_policy["full"], by_policy["none"]
+    assert priced.parts["recompute"] == pytest.approx(full.parts["recompute"] / 2, rel=1e-12)
+    assert none.parts["recompute"] == 0.0
+    assert none.predicted_s < priced.predicted_s < full.predicted_s
+    ctx = planner.context(mixed.model, mixed.device, mixed.num_devices, mixed.job)
+    pricer = planner.pricer(ctx, PricingOptions())
+    kept = pricer.price(mixed.layout).activations[0]
+    whole = pricer.price(mixed.layout.model_copy(update={"recompute": "full"})).activations[0]
+    assert pricer.price_layer_checkpointing(mixed.layout, 2).activations[0] == (kept + whole) / 2
