@@ -66,6 +66,9 @@ class FrameworkTraits:
     activation_offload: bool
     """Layers can offload their saved activations to host memory (Megatron's
     --cpu-offloading, Transformer Engine's offload context)."""
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    """The sequence-parallel settings it offers with TP (torchtitan's TP plan always
+    shards the norms over the sequence)."""
 
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {
@@ -106,6 +109,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         dp_bucket_bytes=50 * MiB,
         fp8_primary_weights=False,
         activation_offload=False,
+        sequence_parallel=(True,),
     ),
     "mindformers": FrameworkTraits(
         name="mindformers",

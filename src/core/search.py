@@ -199,6 +199,14 @@ def enumerate_candidates(
             f"zero({'|'.join(map(str, space.zero or ()))}) is not offered by {fw.name} "
             f"(offers {', '.join(map(str, fw.zero_stages))})"
         )
+    only_tp = space.tp is not None and all(t > 1 for t in space.tp)
+    if only_tp and not any(_allowed(space.sp, v) for v in fw.sequence_parallel):
+        # As for ZeRO: an SP setting the framework lacks is invalid input, as in estimate.
+        raise InvalidInputError(
+            f"sp {'|'.join('on' if v else 'off' for v in space.sp or ())} with "
+            f"tp({'|'.join(map(str, space.tp))}) is not offered by {fw.name} (its tensor "
+            "parallelism always shards the norms over the sequence); drop --no-sp"
+        )
     offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
     schedules_allowed = space.schedule
@@ -274,7 +282,7 @@ def enumerate_candidates(
                                         # Sharding over one replica is no sharding: every
                                         # ZeRO stage is the same layout, so rank it once.
                                         continue
-                                    sps = [False, True] if tp > 1 else [False]
+                                    sps = list(fw.sequence_parallel) if tp > 1 else [False]
                                     for sp in sps:
                                         if tp > 1 and not _allowed(space.sp, sp):
                                             continue  # (SP means nothing at tp = 1)
@@ -769,7 +777,7 @@ def _empty_space_message(ctx: PricingContext, space: SearchSpace) -> str:
         f"no layout of {ctx.cluster.num_devices} devices matches the search space"
         f"{' (' + ', '.join(stated) + ')' if stated else ''}: tp·pp·cp·dp must equal the "
         f"device count, dp·mbs must divide the global batch ({ctx.job.global_batch_size}), and "
-        f"zero and the schedule must be ones {ctx.framework.name} offers; change a fixed value"
+        f"zero, sp and the schedule must be ones {ctx.framework.name} offers; change a fixed value"
     )
 
 

@@ -458,3 +458,25 @@ def test_an_uneven_split_is_printed_chunk_by_chunk(capsys: pytest.CaptureFixture
     )
     assert code == 0, err
     assert "layers per chunk" not in out
+
+
+def test_torchtitan_has_no_tensor_parallelism_without_sp(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """torchtitan's TP plan always shards the norms over the sequence: --no-sp with tp > 1
+    is invalid input naming the fix, in estimate and in a search fixed to it, and a search
+    left free keeps SP on wherever TP is on."""
+    common = (*LLAMA_8B, "-n", "8", "--gbs", "16", "-s", "4096", "--framework", "torchtitan")
+    for command in ("estimate", "search"):
+        code = run([command, *common, "--tp", "2", "--no-sp"])
+        captured = capsys.readouterr()
+        assert code == ExitCode.INVALID_INPUT, captured.err
+        line = one_error_line(captured.err)
+        assert "not offered by torchtitan" in line and "drop --no-sp" in line
+        assert captured.out == ""
+    code = run(["search", *common, "--json", "-t", "50"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    plans = json.loads(captured.out)["plans"]
+    assert any(p["layout"]["tp"] > 1 for p in plans)
+    assert all(p["layout"]["sp"] for p in plans if p["layout"]["tp"] > 1)
