@@ -126,6 +126,7 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
     # torchtitan's per-op policy (the "op" switch) counts a standard layer's matmuls in
     # call order (q, k, v, out; gate, up, down) and saves the odd ones' outputs.
     per_op = isinstance(att, StandardAttention) and "op" in ctx.framework.switches
+    recomputed = ("op",) if per_op else ()
     norm_output("attn_norm_out", h)
     if isinstance(att, StandardAttention):
         q_width = att.num_heads * att.head_dim
@@ -133,7 +134,7 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
         if att.qk_norm:
             add("qk_norm_in", ab * n * (q_width + kv_width) / t, "norm", "op")
         add("q", ab * n * q_width / t)
-        add("k", ab * n * kv_width / t, "op")
+        add("k", ab * n * kv_width / t, *recomputed)
         add("v", ab * n * kv_width / t)
         if att.output_gate:
             add("output_gate", ab * n * q_width / t)
@@ -169,7 +170,7 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
         add("gated_norm_out", lb * n * val_w / t, "norm", "op")
     if dropout:
         add("attn_dropout_mask", 1 * n * h / sigma)
-    add("mid_residual", ab * n * h / sigma, *(("op",) if per_op else ()))
+    add("mid_residual", ab * n * h / sigma, *recomputed)
     if per_op and t > 1 and sp:  # the output projection's reduce-scatter, saved
         add("attn_scattered", ab * n * h / sigma, kept_by=("op",))
     norm_output("ffn_norm_out", h)
