@@ -221,11 +221,7 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
             f"zero({layout.zero}) is not offered by {fw.name} (offers {', '.join(map(str, fw.zero_stages))})"
         )
     if layout.tp > 1 and layout.sp not in fw.sequence_parallel:
-        setting = "on" if layout.sp else "off"
-        raise InvalidInputError(
-            f"sp {setting} with tp({layout.tp}) is not offered by {fw.name} (its tensor "
-            f"parallelism always shards the norms over the sequence); drop --no-sp"
-        )
+        raise InvalidInputError(fw.sp_not_offered("on" if layout.sp else "off", str(layout.tp)))
     if layout.schedule not in fw.schedules:
         raise InvalidInputError(
             f"schedule '{layout.schedule}' is not offered by {fw.name} (offers {', '.join(fw.schedules)})"

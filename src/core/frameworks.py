@@ -34,6 +34,12 @@ and, for a gated FFN, the up projection and the activation; on other layers (lat
 linear attention, MoE FFN) it is priced as recomputing the norms and activations."""
 
 
+def per_op_policy_applies(framework: FrameworkTraits, standard_attention: bool) -> bool:
+    """Whether ``op`` is priced as the per-op policy itself (standard-attention layers in a
+    framework that offers it); elsewhere it means recomputing the norms and activations."""
+    return standard_attention and "op" in framework.switches
+
+
 @dataclass(frozen=True, slots=True)
 class FrameworkTraits:
     name: str
@@ -69,6 +75,13 @@ class FrameworkTraits:
     sequence_parallel: tuple[bool, ...] = (False, True)
     """The sequence-parallel settings it offers with TP (torchtitan's TP plan always
     shards the norms over the sequence)."""
+
+    def sp_not_offered(self, sp: str, tp: str) -> str:
+        """The one-line refusal of SP settings (``on``, ``off``) with TP degrees it lacks."""
+        return (
+            f"sp {sp} with tp({tp}) is not offered by {self.name} (its tensor parallelism "
+            "always shards the norms over the sequence); drop --no-sp"
+        )
 
 
 FRAMEWORKS: dict[str, FrameworkTraits] = {

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .cluster import DeviceSpec
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import KindParameters
-from .frameworks import offloads
+from .frameworks import offloads, per_op_policy_applies
 from .layout import Layout
 from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
 from .plan import MemoryBreakdown, StageMemory
@@ -125,7 +125,7 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
     att = kind.attention
     # torchtitan's per-op policy (the "op" switch) counts a standard layer's matmuls in
     # call order (q, k, v, out; gate, up, down) and saves the odd ones' outputs.
-    per_op = isinstance(att, StandardAttention) and "op" in ctx.framework.switches
+    per_op = per_op_policy_applies(ctx.framework, isinstance(att, StandardAttention))
     recomputed = ("op",) if per_op else ()
     norm_output("attn_norm_out", h)
     if isinstance(att, StandardAttention):

@@ -27,7 +27,7 @@ from .collectives import (
 )
 from .context import PricingContext, StagePlacement, layer_key
 from .counting import core_attention_flops, count_flops
-from .frameworks import offloads
+from .frameworks import offloads, per_op_policy_applies
 from .layout import Layout
 from .memory import (
     ACTIVATION_BYTES,
@@ -308,7 +308,7 @@ class NdplanCostModel:
         # torchtitan's per-op policy ("op") on a standard layer: its matmuls in call order
         # are q, k, v, out, gate, up, down; the even ones (k, out, up) are recomputed with
         # the norms, RoPE, the first residual add and the activation (see SWITCHES).
-        per_op = isinstance(att, StandardAttention) and "op" in ctx.framework.switches
+        per_op = per_op_policy_applies(ctx.framework, isinstance(att, StandardAttention))
         recomputed = ("op",) if per_op else ()
         # Norms: read input, write output (two per layer, plus q/k norms).
         elementwise("norms", kind.norms_per_layer / 2 * 2 * 2 * ab * n * h / sigma, ("norm", "op"))

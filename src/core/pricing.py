@@ -256,24 +256,17 @@ class Pricer:
         layer groups, so a group of ``n`` layers recomputes ``n // every``."""
         stages = self.ctx.placement(layout)
         static_totals = self._static_totals(layout, stages)
-        kept, whole = self._kind_bytes(layout, frozenset()), self._kind_bytes(layout, None)
-        assignment, activations = [], []
-        for stage in stages:
-            parts, act = [], 0
-            for kind, count, in_flight in stage.groups:
-                recomputed = count // every
-                for option, n, per_layer in (
-                    (None, recomputed, whole),
-                    (frozenset(), count - recomputed, kept),
-                ):
-                    if n:
-                        parts.append((kind, in_flight, n, option))
-                        act += n * in_flight * per_layer[kind]
-            assignment.append(tuple(parts))
-            activations.append(act)
-        return self._finish(
-            layout, stages, static_totals, tuple(assignment), tuple(activations), True
+        assignment = tuple(
+            tuple(
+                (kind, in_flight, n, option)
+                for kind, count, in_flight in stage.groups
+                for option, n in ((None, count // every), (frozenset(), count - count // every))
+                if n
+            )
+            for stage in stages
         )
+        activations = tuple(self.activation_bytes(layout, a) for a in assignment)
+        return self._finish(layout, stages, static_totals, assignment, activations, True)
 
     def _price_fixed(
         self,

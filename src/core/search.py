@@ -203,9 +203,10 @@ def enumerate_candidates(
     if only_tp and not any(_allowed(space.sp, v) for v in fw.sequence_parallel):
         # As for ZeRO: an SP setting the framework lacks is invalid input, as in estimate.
         raise InvalidInputError(
-            f"sp {'|'.join('on' if v else 'off' for v in space.sp or ())} with "
-            f"tp({'|'.join(map(str, space.tp))}) is not offered by {fw.name} (its tensor "
-            "parallelism always shards the norms over the sequence); drop --no-sp"
+            fw.sp_not_offered(
+                "|".join("on" if v else "off" for v in space.sp or ()),
+                "|".join(map(str, space.tp)),
+            )
         )
     offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]

@@ -44,8 +44,12 @@ BY_ID = {int(r["row_id"]): r for r in ROWS}
 
 
 @pytest.fixture(scope="module")
-def interpreter() -> RunInterpreter:
-    planner = Planner()
+def planner() -> Planner:
+    return Planner()
+
+
+@pytest.fixture(scope="module")
+def interpreter(planner: Planner) -> RunInterpreter:
     return RunInterpreter(planner.components.presets, planner.components.devices)
 
 
@@ -312,14 +316,15 @@ def test_layout_from_the_stated_degrees(interpreter: RunInterpreter) -> None:
     assert (t.layout.dp, t.layout.zero, t.layout.sp, t.layout.recompute) == (64, 3, False, "full")
 
 
-def test_llm_foundry_rows_use_its_fused_cross_entropy(interpreter: RunInterpreter) -> None:
+def test_llm_foundry_rows_use_its_fused_cross_entropy(
+    planner: Planner, interpreter: RunInterpreter
+) -> None:
     """llm-foundry's MPT defaults to flash-attn's fused cross-entropy: its rows keep no
     fp32 copy of the logits (torchtitan's own rows do), so the 65,536-token MPT-350m
     micro-batch that ran on 80 GB A100s is priced as fitting."""
     foundry = case(interpreter, 535)
     assert foundry.job.fused_loss is True and foundry.job.framework == "torchtitan"
     assert case(interpreter, 371).job.fused_loss is None  # torchtitan's default: not fused
-    planner = Planner()
     ctx = planner.context(foundry.model, foundry.device, foundry.num_devices, foundry.job)
     memory = planner.estimate(ctx, foundry.layout).memory
     assert memory.fits
@@ -327,7 +332,9 @@ def test_llm_foundry_rows_use_its_fused_cross_entropy(interpreter: RunInterprete
     assert memory.stages[0].parts["loss_activations"] < 3 * tokens * foundry.model.vocab_size
 
 
-def test_megatron_2022_rows_run_their_tp_collectives_in_line(interpreter: RunInterpreter) -> None:
+def test_megatron_2022_rows_run_their_tp_collectives_in_line(
+    planner: Planner, interpreter: RunInterpreter
+) -> None:
     """Korthikanti et al. (2022) measured Megatron-LM before Transformer Engine's TP
     overlap existed: their rows expose every TP collective, so tp 8 costs more than the
     same layout with the framework's fitted overlap. The 2024 Megatron-LM README rows
@@ -335,7 +342,6 @@ def test_megatron_2022_rows_run_their_tp_collectives_in_line(interpreter: RunInt
     old = case(interpreter, 363)
     assert old.job.tp_comm_overlap is False and old.layout.tp == 8
     assert case(interpreter, 347).job.tp_comm_overlap is None
-    planner = Planner()
     ctx = planner.context(old.model, old.device, old.num_devices, old.job)
     exposed = planner.estimate(ctx, old.layout).time.parts["tp_comm"]
     overlapped_job = old.job.model_copy(update={"tp_comm_overlap": True})
@@ -344,7 +350,9 @@ def test_megatron_2022_rows_run_their_tp_collectives_in_line(interpreter: RunInt
     assert exposed > overlapped > 0
 
 
-def test_nemo_1_rows_keep_bf16_weights_beside_their_fp8_copies(interpreter: RunInterpreter) -> None:
+def test_nemo_1_rows_keep_bf16_weights_beside_their_fp8_copies(
+    planner: Planner, interpreter: RunInterpreter
+) -> None:
     """NeMo 24.x performance runs used NeMo 1.0 launcher configs, which leave fp8_params
     off; NeMo 2.0 (25.x) and Megatron-Bridge recipes turn --fp8-param-gather on, so their
     rows keep the default."""
@@ -352,7 +360,6 @@ def test_nemo_1_rows_keep_bf16_weights_beside_their_fp8_copies(interpreter: RunI
     assert nemo_1.job.precision == "fp8" and nemo_1.job.fp8_param_gather is False
     for row in (36, 261):  # Megatron-Bridge fp8 rows
         assert case(interpreter, row).job.fp8_param_gather is None
-    planner = Planner()
     ctx = planner.context(nemo_1.model, nemo_1.device, nemo_1.num_devices, nemo_1.job)
     kept = planner.estimate(ctx, nemo_1.layout).memory.stages[0].parts["weights"]
     primary_job = nemo_1.job.model_copy(update={"fp8_param_gather": True})
@@ -535,12 +542,11 @@ def test_read_rows_refuses_a_csv_without_the_required_columns(tmp_path: Path) ->
 
 
 def test_an_unstated_micro_batch_is_priced_at_the_fastest_that_fits(
-    interpreter: RunInterpreter,
+    planner: Planner, interpreter: RunInterpreter
 ) -> None:
     """The Megatron-LM README gives no micro-batch size: its GPT-32B row (tp8, dp48, four
     sequences per replica) is priced at each size the batch allows and the fastest that
     fits stands for it, as the search would choose; a stated size is priced as stated."""
-    planner = Planner()
     calibration = planner.calibration(None)
     unstated = case(interpreter, 347)
     assert unstated.unstated == frozenset({"mbs"}) and unstated.layout.mbs == 1
@@ -561,10 +567,9 @@ def test_an_unstated_micro_batch_is_priced_at_the_fastest_that_fits(
 
 
 def test_an_unstated_micro_batch_keeps_its_default_when_no_size_fits(
-    interpreter: RunInterpreter,
+    planner: Planner, interpreter: RunInterpreter
 ) -> None:
     """With room for no size, the row is priced at mbs 1, as not fitting."""
-    planner = Planner()
     calibration = planner.calibration(None)
     tiny = {**BY_ID[347], "hardware": "a100-40gb"}  # GPT-32B on tp8 and 40 GB
     cramped = interpreter.interpret({**tiny, "seq_len": "65536", "global_batch_size": "192"})
@@ -575,13 +580,12 @@ def test_an_unstated_micro_batch_keeps_its_default_when_no_size_fits(
 
 
 def test_layer_level_checkpointing_recomputes_every_second_layer_whole(
-    interpreter: RunInterpreter,
+    planner: Planner, interpreter: RunInterpreter
 ) -> None:
     """torchtitan's "selective layer" AC wraps every second layer in a checkpoint: row 403
     (Llama 3 8B, 32 layers, FSDP on 64 A100) recomputes 16 layers whole and keeps the
     other 16, so its recompute time is half of full recompute's and its activations the
     mean of the kept and the whole-layer options."""
-    planner = Planner()
     calibration = planner.calibration(None)
     mixed = case(interpreter, 403)
     assert mixed.whole_layer_every == 2 and mixed.layout.recompute == "none"
