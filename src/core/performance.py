@@ -106,16 +106,23 @@ class LayerCost:
 
 class StageSeconds(dict):
     """Per micro-batch seconds of one stage by part (the values sum to its time), plus
-    the compute that already hides the CP ring's transfers — it cannot hide anything else."""
+    the compute that already hides the CP ring's transfers — it cannot hide anything
+    else — and one pipeline send across the stage's boundary (the step charges the
+    sends on the fill and drain chain from it)."""
 
-    __slots__ = ("cp_hidden_backward", "cp_hidden_forward")
+    __slots__ = ("cp_hidden_backward", "cp_hidden_forward", "pipeline_send")
 
     def __init__(
-        self, parts: Mapping[str, float], hidden_forward: float = 0.0, hidden_backward: float = 0.0
+        self,
+        parts: Mapping[str, float],
+        hidden_forward: float = 0.0,
+        hidden_backward: float = 0.0,
+        pipeline_send: float = 0.0,
     ):
         super().__init__(parts)
         self.cp_hidden_forward = hidden_forward
         self.cp_hidden_backward = hidden_backward
+        self.pipeline_send = pipeline_send
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,7 +648,6 @@ class NdplanCostModel:
         model = ctx.model
         h, t = model.hidden_size, layout.tp
         n = layout.mbs * ctx.job.seq_length / layout.cp
-        sigma = t if layout.sequence_parallel else 1
         ab = ACTIVATION_BYTES
         links = self.links(ctx, layout)
         ov = self.overlap(ctx)
@@ -676,12 +682,41 @@ class NdplanCostModel:
                 parts["backward"] += model.num_mtp_layers * 2 * extra
         if layout.pp > 1:
             sends_per_chunk = 2 if layout.schedule == "dualpipev" else layout.vpp
-            boundary = n * h * ab / sigma
-            p2p = send_recv_s(links.pp, boundary)
             # Forward activation and backward gradient per chunk boundary crossed.
-            parts["pp_comm"] = 2 * sends_per_chunk * p2p * (1 - ov.pp)
+            parts["pp_comm"] = 2 * sends_per_chunk * self.pipeline_send_s(ctx, layout) * (1 - ov.pp)
         ctx.cache[key] = parts
         return parts
+
+    def pipeline_send_s(self, ctx: PricingContext, layout: Layout) -> float:
+        """One activation (or its gradient) sent across a pipeline boundary."""
+        n = layout.mbs * ctx.job.seq_length / layout.cp
+        sigma = layout.tp if layout.sequence_parallel else 1
+        boundary = n * ctx.model.hidden_size * ACTIVATION_BYTES / sigma
+        return send_recv_s(self.links(ctx, layout).pp, boundary)
+
+    def fill_drain_sends_s(self, ctx: PricingContext, layout: Layout, send_s: float) -> float:
+        """Pipeline sends on the fill and drain chain that the bubble formula leaves out.
+
+        The first micro-batch's forward and the last one's backward cross every chunk
+        boundary in turn; each send waits for the chunk before it and the chunk after it
+        waits for the send, so none of them overlaps: ``2·hops`` sends, with
+        ``pp·vpp − 1`` hops interleaved (the chain wraps from the last stage to the
+        first once per chunk), ``2·pp − 2`` for DualPipeV (its turn is local) and
+        ``pp − 1`` otherwise, as in the bubble of Narayanan et al. 2021. The bubble
+        formula already holds ``pp − 1`` of each direction's sends at the steady state's
+        exposed share; this is the rest. Deeper interleaving shrinks the compute bubble
+        and lengthens this chain."""
+        if layout.pp == 1 or send_s <= 0.0:
+            return 0.0
+        pp = layout.pp
+        if layout.schedule == "interleaved":
+            hops = pp * layout.vpp - 1
+        elif layout.schedule == "dualpipev":
+            hops = 2 * pp - 2
+        else:
+            hops = pp - 1
+        exposed = 1 - self.overlap(ctx).pp
+        return 2 * (hops - (pp - 1) * exposed) * send_s
 
     def stage_seconds(
         self,
@@ -706,7 +741,8 @@ class NdplanCostModel:
                 exposed_fwd, exposed_bwd = self._cp_exposed(cost, ov, layout.cp)
                 hidden_fwd += count * (cost.cp_forward_s - exposed_fwd)
                 hidden_bwd += count * (cost.cp_backward_s - exposed_bwd)
-        out = StageSeconds(parts, hidden_fwd, hidden_bwd)
+        send = self.pipeline_send_s(ctx, layout) if layout.pp > 1 else 0.0
+        out = StageSeconds(parts, hidden_fwd, hidden_bwd, send)
         out["dp_comm"] = self._fsdp_exposed(ctx, layout, stage, out)
         return out
 
@@ -807,7 +843,10 @@ class NdplanCostModel:
         parts = dict.fromkeys(TIME_PARTS, 0.0)
         for name, value in crit.items():
             parts[name] += m * value
-        parts["bubble"] = max(0.0, pipeline - m * t_max)
+        send = max(getattr(s, "pipeline_send", 0.0) for s in stage_layer_seconds)
+        parts["bubble"] = max(0.0, pipeline - m * t_max) + self.fill_drain_sends_s(
+            ctx, layout, send
+        )
 
         # Gradients reduce while the last micro-batch's backward runs (chunk by chunk,
         # through the drain, for interleaved and V schedules). The window leaves out

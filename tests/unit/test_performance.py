@@ -204,6 +204,42 @@ def test_interleaved_unequal_stages() -> None:
     assert math.isclose(time.parts["bubble"], (sum(totals) - 3.0) / v, rel_tol=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("schedule", "vpp", "hops"),
+    [("1f1b", 1, 3), ("gpipe", 1, 3), ("interleaved", 2, 7), ("interleaved", 4, 15),
+     ("dualpipev", 1, 6)],
+)  # fmt: skip
+def test_fill_and_drain_sends_cross_every_chunk_boundary(schedule, vpp, hops) -> None:
+    """pp 4, tp 2 with SP, seq 4096, hidden 2048: one send is 4096·2048·2 B / 2 = 8 MiB
+    over the pipeline link. The fill and drain chain is 2·hops sends, fully exposed; the
+    compute-bubble formula already holds 2·(pp − 1) of them at the exposed share
+    (1 − 0.8), and the step adds the rest to the bubble."""
+    layout = Layout(
+        tp=2, pp=4, sp=True, vpp=vpp, schedule=schedule, num_microbatches=8,
+    )  # fmt: skip
+    ctx = make_ctx(layout, dense_model(16))
+    cm = NdplanCostModel(NO_OVERHEAD)
+    link = cm.links(ctx, layout).pp
+    send = 4096 * 2048 * 2 / 2 / link.bytes_per_s + link.latency_s
+    assert cm.pipeline_send_s(ctx, layout) == pytest.approx(send, rel=1e-12)
+    chain = 2 * (hops - 3 * (1 - 0.8)) * send
+    assert cm.fill_drain_sends_s(ctx, layout, send) == pytest.approx(chain, rel=1e-12)
+    pricer = Pricer(ctx, NdplanMemoryModel(), cm, DefaultKnapsackSolver())
+    priced = pricer.price(layout)
+    assert all(s.pipeline_send == pytest.approx(send, rel=1e-12) for s in priced.stage_seconds)
+    alone = cm.step(
+        ctx, layout, priced.stages, [dict(s) for s in priced.stage_seconds]
+    )  # plain dicts carry no send: the compute bubble alone
+    assert priced.time.parts["bubble"] == pytest.approx(alone.parts["bubble"] + chain, rel=1e-12)
+
+
+def test_no_pipeline_no_fill_and_drain_sends() -> None:
+    layout = Layout(tp=2, dp=4, sp=True, num_microbatches=8)
+    ctx = make_ctx(layout)
+    cm = NdplanCostModel(NO_OVERHEAD)
+    assert cm.fill_drain_sends_s(ctx, layout, 1.0) == 0.0
+
+
 def test_gpipe_same_time_as_1f1b() -> None:
     totals = [1.0, 3.0, 2.0, 2.5]
     secs = [stage_secs(forward=t / 3, backward=2 * t / 3) for t in totals]
@@ -328,7 +364,9 @@ def test_real_stage_seconds_compose() -> None:
     time = cm.step(ctx, layout, stages, seconds)
     assert sum(time.parts.values()) == time.step_s
     totals = [sum(s.values()) for s in seconds]
-    assert math.isclose(pipeline_s(time), sum(totals) + 3 * max(totals), rel_tol=1e-12)
+    chain = cm.fill_drain_sends_s(ctx, layout, seconds[0].pipeline_send)
+    assert chain > 0
+    assert math.isclose(pipeline_s(time), sum(totals) + 3 * max(totals) + chain, rel_tol=1e-12)
 
 
 def test_stage_seconds_carry_the_fsdp_part_and_the_step_pays_it_every_micro_batch() -> None:
@@ -1429,7 +1467,9 @@ def test_dualpipev_fsdp_faster_peak_is_not_slower() -> None:
             sum((sum(s.values()) - (s["backward"] + s["dp_comm"]) / 2) / 2 for s in p.stage_seconds)
             / 2
         )
-        assert p.time.parts["bubble"] == pytest.approx(unit, rel=1e-12)  # (pp − 1) × mean
+        chain = cm.fill_drain_sends_s(ctx, layout, p.stage_seconds[0].pipeline_send)
+        # (pp − 1) × mean, plus the sends on the fill and drain chain
+        assert p.time.parts["bubble"] == pytest.approx(unit + chain, rel=1e-12)
     # The bubble falls by (pp − 1) × the mean of Δforward/4: Σ Δforward/8.
     pairs = zip(fast.stage_seconds, slow.stage_seconds, strict=True)
     shorter = sum(b["forward"] - a["forward"] for a, b in pairs) / 8
