@@ -65,8 +65,12 @@ def _parameter_section(calibration: Calibration) -> list[str]:
         "## Fitted parameters",
         "",
         "Each parameter's prior (`PRIORS` in `src/validation.py`) comes from kernel benchmarks "
-        "and datasheets, not from the rows; *z* is how many prior widths the fit moved it."
-        + figures,
+        "and datasheets, not from the rows; *z* is how many prior widths the fit moved it. "
+        "The fit runs in two stages: the dense rows fit every parameter a dense layer reads, "
+        "then the MoE rows fit only those MoE layers alone read (the bf16 routed-expert GEMM "
+        "efficiencies, `grouped_gemm_half_gflop`, `grouped_gemm_low_precision_ratio`, "
+        "`moe_layer_overhead_us`, "
+        "`overlap.megatron.ep`), so a MoE residual does not move the kernels both share." + figures,
         "",
         _table(["parameter", "fitted", "prior", "z", "bounds"], rows),
         "",

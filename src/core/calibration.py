@@ -40,6 +40,11 @@ class DeviceEfficiency(Frozen):
     kernels, while bf16 experts take the generic grouped-GEMM path, which reaches less
     (gpt-oss on GB300 steps 1.7× slower in bf16 than in MXFP8: rows 138 and 44 of the
     measured runs). Kept apart so that dense bf16 GEMMs (every LM head) keep theirs."""
+    grouped_gemm_low_precision_ratio: float = Field(default=1.0, gt=0, le=1)
+    """Share of the dense GEMM's fraction (at the same fp8, MXFP8 or fp4 recipe) that the
+    routed experts' low-precision grouped GEMMs reach: one kernel over many thin expert
+    GEMMs, with per-expert scales, does not run at a single large GEMM's rate. Shared
+    by the generations; only MoE rows constrain it."""
     gemm_half_gflop: float = Field(default=1.0, ge=0)
     """GEMM size (GFLOP per call) at which efficiency falls to half: small GEMMs (big TP,
     thin experts, small micro-batches) cannot fill the device."""
@@ -77,10 +82,12 @@ class DeviceEfficiency(Frozen):
                 return self.grouped_gemm_bf16
             return self.gemm
         if recipe == "fp4" and self.gemm_fp4 is not None:
-            return self.gemm_fp4
-        if recipe == "mxfp8" and self.gemm_mxfp8 is not None:
-            return self.gemm_mxfp8
-        return self.gemm_low_precision
+            dense = self.gemm_fp4
+        elif recipe == "mxfp8" and self.gemm_mxfp8 is not None:
+            dense = self.gemm_mxfp8
+        else:
+            dense = self.gemm_low_precision
+        return dense * self.grouped_gemm_low_precision_ratio if routed else dense
 
 
 class Overlap(Frozen):

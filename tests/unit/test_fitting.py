@@ -385,3 +385,68 @@ def test_every_fitted_parameter_has_a_prior_inside_its_bounds() -> None:
         assert p.prior is not None, p.name
         assert p.low <= p.prior.centre <= p.high, p.name
         assert p.prior.width > 0, p.name
+
+
+# --------------------------------------------------------------------------- the two-stage fit
+
+
+def test_dense_rows_fit_the_shared_kernels_and_moe_rows_only_what_moe_layers_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stage 1 prices only the dense rows; stage 2 only the MoE rows and moves only the
+    MoE-only parameters, so a MoE residual cannot reach a dense GEMM's efficiency."""
+    from pathlib import Path
+
+    from ndplan import validation
+    from ndplan.adapters.measured import RunInterpreter, read_rows
+    from ndplan.planner import Planner
+
+    runs = Path(__file__).resolve().parents[1] / "data" / "shared" / "measured_runs.csv"
+    planner = Planner()
+    wanted = {34, 36, 74, 78, 8, 10, 44}  # Llama on GB200/GB300; Qwen3 and GPT-OSS MoE
+    rows = [r for r in read_rows(runs) if int(r["row_id"]) in wanted]
+    cases, _ = RunInterpreter(planner.components.presets, planner.components.devices).interpret_all(
+        rows
+    )
+    dense = {c.row_id for c in cases if not c.moe}
+    moe = {c.row_id for c in cases if c.moe}
+    assert dense and moe
+
+    def watched(cal: Calibration) -> tuple[float, ...]:
+        """Figures only dense-layer kernels read, then figures only MoE layers read."""
+        return (
+            cal.devices["blackwell"].gemm,
+            cal.devices["blackwell-ultra"].attention,
+            cal.default.scale_up_bus,
+            cal.overlap_for("megatron").tp,
+        ), (
+            cal.default.moe_layer_overhead_us,
+            cal.default.grouped_gemm_half_gflop,
+            cal.default.grouped_gemm_low_precision_ratio,
+            cal.overlap_for("megatron").ep,
+        )
+
+    calls: list[tuple[frozenset[int], tuple, tuple]] = []
+    real_compare = validation.compare
+
+    def compare(planner, cases, calibration):
+        cases = list(cases)
+        calls.append((frozenset(c.row_id for c in cases), *watched(calibration)))
+        return real_compare(planner, cases, calibration)
+
+    monkeypatch.setattr(validation, "compare", compare)
+    fitted, results = validation.fit_calibration(planner, cases, Calibration(), sweeps=1)
+
+    phases = [rows for rows, _, _ in calls]
+    first_moe = phases.index(frozenset(moe))
+    assert all(rows == frozenset(dense) for rows in phases[:first_moe])
+    assert all(rows == frozenset(moe) for rows in phases[first_moe:-1])
+    assert phases[-1] == frozenset(dense | moe)  # the report prices every row
+    # Stage 1 leaves the MoE-only figures where they started ...
+    assert len({m for _, _, m in calls[:first_moe]}) == 1
+    # ... stage 2 moves only them: the dense figures stay at stage 1's result.
+    dense_figures, moe_figures = watched(fitted)
+    assert {d for _, d, _ in calls[first_moe:]} == {dense_figures}
+    assert len({m for _, _, m in calls[first_moe:]}) > 1
+    assert moe_figures != calls[0][2]
+    assert len(results) == len(cases)

@@ -1065,6 +1065,28 @@ def test_bf16_routed_expert_gemms_have_their_own_efficiency() -> None:
     assert cm._gemm_s(ctx, m, k, n, routed=True) == pytest.approx(flops / (989.4e12 * 0.8))
 
 
+@pytest.mark.parametrize(
+    ("precision", "dense_field", "peak"),
+    [("fp8", "gemm_low_precision", 1978.9e12), ("mxfp8", "gemm_mxfp8", 1978.9e12)],
+)
+def test_low_precision_routed_expert_gemms_run_at_a_share_of_the_dense_rate(
+    precision: str, dense_field: str, peak: float
+) -> None:
+    """Low-precision routed experts' grouped GEMMs reach ``grouped_gemm_low_precision_ratio``
+    of the dense GEMM's fraction at the same recipe; dense GEMMs and bf16 experts keep
+    theirs."""
+    m = k = n = 8192
+    flops = 2.0 * m * k * n
+    fit = {"gemm": 0.8, "grouped_gemm_bf16": 0.4, dense_field: 0.5}
+    fit |= {"gemm_half_gflop": 0.0, "grouped_gemm_half_gflop": 0.0}
+    fit |= {"grouped_gemm_low_precision_ratio": 0.6}
+    ctx, cm = gemm_ctx(precision, **fit)
+    assert cm._gemm_s(ctx, m, k, n, routed=True) == pytest.approx(flops / (peak * 0.5 * 0.6))
+    assert cm._gemm_s(ctx, m, k, n) == pytest.approx(flops / (peak * 0.5))
+    ctx, cm = gemm_ctx(**fit)  # bf16 experts have their own figure, not the ratio
+    assert cm._gemm_s(ctx, m, k, n, routed=True) == pytest.approx(flops / (989.4e12 * 0.4))
+
+
 def test_low_precision_halves_the_memory_roofline_operands() -> None:
     m, k, n = 1, 8192, 8192
     ctx, cm = gemm_ctx("fp8", hbm=1.0)
