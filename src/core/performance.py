@@ -688,11 +688,26 @@ class NdplanCostModel:
         return parts
 
     def pipeline_send_s(self, ctx: PricingContext, layout: Layout) -> float:
-        """One activation (or its gradient) sent across a pipeline boundary."""
-        n = layout.mbs * ctx.job.seq_length / layout.cp
-        sigma = layout.tp if layout.sequence_parallel else 1
-        boundary = n * ctx.model.hidden_size * ACTIVATION_BYTES / sigma
-        return send_recv_s(self.links(ctx, layout).pp, boundary)
+        """One activation (or its gradient) sent across a pipeline boundary (none without
+        a pipeline). Memoised: every stage of every candidate asks for it."""
+        key = (
+            "pipeline_send",
+            layout.mbs,
+            layout.tp,
+            layout.sequence_parallel,
+            layout.cp,
+            layout.dp,
+            layout.pp,
+            layout.ep,
+            layout.expert_tp,
+        )
+        found = ctx.cache.get(key)
+        if found is None:
+            n = layout.mbs * ctx.job.seq_length / layout.cp
+            sigma = layout.tp if layout.sequence_parallel else 1
+            boundary = n * ctx.model.hidden_size * ACTIVATION_BYTES / sigma
+            found = ctx.cache[key] = send_recv_s(self.links(ctx, layout).pp, boundary)
+        return found
 
     def fill_drain_sends_s(self, ctx: PricingContext, layout: Layout, send_s: float) -> float:
         """Pipeline sends on the fill and drain chain that the bubble formula leaves out.
@@ -741,8 +756,7 @@ class NdplanCostModel:
                 exposed_fwd, exposed_bwd = self._cp_exposed(cost, ov, layout.cp)
                 hidden_fwd += count * (cost.cp_forward_s - exposed_fwd)
                 hidden_bwd += count * (cost.cp_backward_s - exposed_bwd)
-        send = self.pipeline_send_s(ctx, layout) if layout.pp > 1 else 0.0
-        out = StageSeconds(parts, hidden_fwd, hidden_bwd, send)
+        out = StageSeconds(parts, hidden_fwd, hidden_bwd, self.pipeline_send_s(ctx, layout))
         out["dp_comm"] = self._fsdp_exposed(ctx, layout, stage, out)
         return out
 
