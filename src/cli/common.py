@@ -121,6 +121,28 @@ ActivationOffloadOpt = Annotated[
     ),
 ]
 
+DeferWgradOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--defer-embedding-wgrad/--no-defer-embedding-wgrad",
+        help="Whether the last pipeline stage defers the output layer's weight gradient to "
+        "the pipeline drain (Megatron --defer-embedding-wgrad-compute), buffering each "
+        "deferred micro-batch's logit gradient [default: off, as in Megatron-Core].",
+        show_default=False,
+    ),
+]
+
+WgradDeferralLimitOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--wgrad-deferral-limit",
+        min=0,
+        help="Micro-batches per step that defer it; 0 = every one (Megatron "
+        "--wgrad-deferral-limit) [default: 22].",
+        show_default=False,
+    ),
+]
+
 JobFileOpt = Annotated[
     Path | None,
     typer.Option(
@@ -174,6 +196,8 @@ class JobInputs:
     tp_comm_overlap: bool | None = None
     fp8_param_gather: bool | None = None
     activation_offload: bool | None = None
+    defer_embedding_wgrad: bool | None = None
+    wgrad_deferral_limit: int | None = None
     file: Path | None = None
 
     def job(self) -> Job:
@@ -186,6 +210,8 @@ class JobInputs:
             "tp_comm_overlap": self.tp_comm_overlap,
             "fp8_param_gather": self.fp8_param_gather,
             "activation_offload": self.activation_offload,
+            "defer_embedding_wgrad": self.defer_embedding_wgrad,
+            "wgrad_deferral_limit": self.wgrad_deferral_limit,
         }
         stated = {k: v for k, v in flags.items() if v is not None}
         from_file = load_job_file(self.file) if self.file is not None else {}

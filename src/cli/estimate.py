@@ -15,6 +15,7 @@ from .common import (
     ActivationOffloadOpt,
     AttentionOpt,
     CalibrationOpt,
+    DeferWgradOpt,
     DeviceOpt,
     DevicesOpt,
     DropoutOpt,
@@ -31,6 +32,7 @@ from .common import (
     RuntimeReserveOpt,
     SeqOpt,
     TpOverlapOpt,
+    WgradDeferralLimitOpt,
     build_context,
 )
 from .options import DeviceFiles, Json, Strict, state
@@ -170,6 +172,8 @@ def estimate(
     tp_comm_overlap: TpOverlapOpt = None,
     fp8_param_gather: Fp8ParamsOpt = None,
     activation_offload: ActivationOffloadOpt = None,
+    defer_embedding_wgrad: DeferWgradOpt = None,
+    wgrad_deferral_limit: WgradDeferralLimitOpt = None,
     job_file: JobFileOpt = None,
     memory_mode: Annotated[
         str,
@@ -217,6 +221,8 @@ def estimate(
         tp_comm_overlap,
         fp8_param_gather,
         activation_offload,
+        defer_embedding_wgrad=defer_embedding_wgrad,
+        wgrad_deferral_limit=wgrad_deferral_limit,
         file=job_file,
     )
     planner, pctx = build_context(

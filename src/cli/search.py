@@ -25,6 +25,7 @@ from .common import (
     ActivationOffloadOpt,
     AttentionOpt,
     CalibrationOpt,
+    DeferWgradOpt,
     DeviceOpt,
     DevicesOpt,
     DropoutOpt,
@@ -41,6 +42,7 @@ from .common import (
     RuntimeReserveOpt,
     SeqOpt,
     TpOverlapOpt,
+    WgradDeferralLimitOpt,
     build_context,
     read_yaml,
 )
@@ -398,6 +400,8 @@ def search_cmd(
     tp_comm_overlap: TpOverlapOpt = None,
     fp8_param_gather: Fp8ParamsOpt = None,
     activation_offload: ActivationOffloadOpt = None,
+    defer_embedding_wgrad: DeferWgradOpt = None,
+    wgrad_deferral_limit: WgradDeferralLimitOpt = None,
     job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = 0.0,
@@ -477,6 +481,8 @@ def search_cmd(
             tp_comm_overlap,
             fp8_param_gather,
             activation_offload,
+            defer_embedding_wgrad=defer_embedding_wgrad,
+            wgrad_deferral_limit=wgrad_deferral_limit,
             file=job_file,
         )
         planner, pctx = build_context(

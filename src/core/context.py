@@ -307,6 +307,22 @@ class PricingContext:
         gib = self.calibration.reserve_gib(self.device)
         return int(gib * GiB)
 
+    def deferred_head_wgrads(self, layout: Layout) -> int:
+        """Micro-batches per step whose output-layer weight gradient the last stage defers
+        to the pipeline drain (0 where the option does not apply). The settings are read,
+        and so assumed, only where it applies."""
+        if (
+            layout.pp == 1
+            or layout.schedule not in ("1f1b", "interleaved")
+            or not self.framework.deferred_embedding_wgrad
+            or self.settings.finetune != "full"
+            or not self.settings.defer_embedding_wgrad
+        ):
+            return 0
+        limit = self.settings.wgrad_deferral_limit
+        m = layout.num_microbatches
+        return m if limit == 0 else min(m, limit)
+
     def placement(self, layout: Layout) -> tuple[StagePlacement, ...]:
         key = ("placement", *placement_key(layout))
         found = self.cache.get(key)

@@ -72,6 +72,9 @@ class FrameworkTraits:
     activation_offload: bool
     """Layers can offload their saved activations to host memory (Megatron's
     --cpu-offloading, Transformer Engine's offload context)."""
+    deferred_embedding_wgrad: bool = False
+    """The last pipeline stage can defer the output layer's weight gradient to the
+    pipeline drain (Megatron's --defer-embedding-wgrad-compute)."""
     sequence_parallel: tuple[bool, ...] = (False, True)
     """The sequence-parallel settings it offers with TP (torchtitan's TP plan always
     shards the norms over the sequence)."""
@@ -102,6 +105,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         dp_bucket_bytes=0,
         fp8_primary_weights=True,
         activation_offload=True,
+        deferred_embedding_wgrad=True,
     ),
     "torchtitan": FrameworkTraits(
         name="torchtitan",

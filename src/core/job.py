@@ -80,6 +80,18 @@ class Job(Frozen):
     --cpu-offloading): an option of the per-layer ``auto`` choice; under ``none``, the
     layers that do not fit are offloaded. Priced over the host link, hidden behind the
     next layer's compute. Off when unstated, as in Megatron."""
+    defer_embedding_wgrad: bool | None = None
+    """Whether the last pipeline stage defers the output layer's weight-gradient GEMM to
+    the pipeline drain, where it idles (Megatron's ``--defer-embedding-wgrad-compute``):
+    its steady state carries the logits' forward and input gradient only, and it buffers
+    each deferred micro-batch's input and logit gradient until the drain. Read only where
+    it applies (Megatron, pp > 1, 1F1B or interleaved, full training). Off when unstated,
+    as in Megatron-Core: the buffers cost the last stage memory (NeMo's and
+    Megatron-Bridge's recipes turn it on, with a limit of 22)."""
+    wgrad_deferral_limit: int | None = Field(default=None, ge=0)
+    """How many micro-batches per step defer their output-layer weight gradient (the rest
+    compute it in line); 0 defers every one, as in Megatron. 22 when unstated, the
+    recipes' value."""
 
 
 JOB_DEFAULTS: dict[str, Any] = {
@@ -94,6 +106,8 @@ JOB_DEFAULTS: dict[str, Any] = {
     "tp_comm_overlap": True,
     "fp8_param_gather": True,
     "activation_offload": False,
+    "defer_embedding_wgrad": False,
+    "wgrad_deferral_limit": 22,
 }
 FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype")
 """Fields whose default depends on the framework (read from its traits)."""

@@ -447,6 +447,13 @@ class NdplanMemoryModel:
             parts["loss_activations"] = (
                 k * head + logits + (k - 1) * n * vocab * (2 if job.fused_loss else 6)
             )
+            # A deferred output-layer weight gradient keeps its input (the SP shard) and
+            # its bf16 logit gradient until the drain.
+            deferred = ctx.deferred_head_wgrads(layout)
+            if deferred:
+                parts["deferred_wgrad_buffers"] = (
+                    deferred * ACTIVATION_BYTES * (n * h / sigma + n * vocab)
+                )
             if stage.has_mtp and model.mtp_kind is not None:
                 per_layer = self.layer_activation_bytes(ctx, layout, model.mtp_kind, frozenset())
                 parts["mtp_activations"] = (
@@ -559,6 +566,8 @@ def _state_key(layout: Layout, stage: StagePlacement) -> tuple:
 def _buffer_key(layout: Layout, stage: StagePlacement) -> tuple:
     return (
         stage.role,
+        # The head stage buffers the output layer's deferred weight-gradient inputs.
+        (layout.num_microbatches, layout.pp, layout.schedule) if stage.has_head else None,
         layout.mbs,
         layout.cp,
         layout.tp,

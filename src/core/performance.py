@@ -110,7 +110,7 @@ class StageSeconds(dict):
     else — and one pipeline send across the stage's boundary (the step charges the
     sends on the fill and drain chain from it)."""
 
-    __slots__ = ("cp_hidden_backward", "cp_hidden_forward", "pipeline_send")
+    __slots__ = ("cp_hidden_backward", "cp_hidden_forward", "deferred_wgrad", "pipeline_send")
 
     def __init__(
         self,
@@ -118,11 +118,14 @@ class StageSeconds(dict):
         hidden_forward: float = 0.0,
         hidden_backward: float = 0.0,
         pipeline_send: float = 0.0,
+        deferred_wgrad: float = 0.0,
     ):
         super().__init__(parts)
         self.cp_hidden_forward = hidden_forward
         self.cp_hidden_backward = hidden_backward
         self.pipeline_send = pipeline_send
+        self.deferred_wgrad = deferred_wgrad
+        """Per step: the output-layer weight gradients this stage defers to the drain."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -641,6 +644,8 @@ class NdplanCostModel:
             layout.schedule,
             layout.ep,
             layout.expert_tp,
+            ctx.deferred_head_wgrads(layout) if stage.has_head else 0,
+            layout.num_microbatches if stage.has_head else 0,
         )
         found = ctx.cache.get(key)
         if found is not None:
@@ -667,10 +672,12 @@ class NdplanCostModel:
                 parts["tp_comm"] += comm * tp_exposed
         if stage.has_head:
             vocab = padded_vocab(model.vocab_size, t) / t
-            logits = self._gemm_s(ctx, n, h, vocab, low_precision=False)
+            logits = self.head_logits_s(ctx, layout)
             loss = self._hbm_s(ctx, n * vocab * (2 + 4 + 4))
             parts["forward"] += logits + loss
-            parts["backward"] += 2 * logits + loss
+            # The deferred micro-batches' weight gradients wait for the drain (``step``).
+            deferred_share = ctx.deferred_head_wgrads(layout) / layout.num_microbatches
+            parts["backward"] += (2 - deferred_share) * logits + loss
             if t > 1 and layout.sequence_parallel:
                 parts["tp_comm"] += 2 * all_gather_s(links.tp, n * h * ab) * tp_exposed
             if stage.has_mtp and model.mtp_kind is not None:
@@ -686,6 +693,25 @@ class NdplanCostModel:
             parts["pp_comm"] = 2 * sends_per_chunk * self.pipeline_send_s(ctx, layout) * (1 - ov.pp)
         ctx.cache[key] = parts
         return parts
+
+    def head_logits_s(self, ctx: PricingContext, layout: Layout) -> float:
+        """The output layer's logits GEMM for one micro-batch (bf16: it is not quantised);
+        its input gradient and its weight gradient each take as long."""
+        key = ("head_logits", layout.mbs, layout.cp, layout.tp)
+        found = ctx.cache.get(key)
+        if found is None:
+            n = layout.mbs * ctx.job.seq_length / layout.cp
+            vocab = padded_vocab(ctx.model.vocab_size, layout.tp) / layout.tp
+            found = ctx.cache[key] = self._gemm_s(
+                ctx, n, ctx.model.hidden_size, vocab, low_precision=False
+            )
+        return found
+
+    def deferred_head_wgrad_s(self, ctx: PricingContext, layout: Layout) -> float:
+        """The output-layer weight gradients the last stage runs in the pipeline drain,
+        per step (Megatron's --defer-embedding-wgrad-compute)."""
+        deferred = ctx.deferred_head_wgrads(layout)
+        return deferred * self.head_logits_s(ctx, layout) if deferred else 0.0
 
     def pipeline_send_s(self, ctx: PricingContext, layout: Layout) -> float:
         """One activation (or its gradient) sent across a pipeline boundary (none without
@@ -756,7 +782,10 @@ class NdplanCostModel:
                 exposed_fwd, exposed_bwd = self._cp_exposed(cost, ov, layout.cp)
                 hidden_fwd += count * (cost.cp_forward_s - exposed_fwd)
                 hidden_bwd += count * (cost.cp_backward_s - exposed_bwd)
-        out = StageSeconds(parts, hidden_fwd, hidden_bwd, self.pipeline_send_s(ctx, layout))
+        deferred = self.deferred_head_wgrad_s(ctx, layout) if stage.has_head else 0.0
+        out = StageSeconds(
+            parts, hidden_fwd, hidden_bwd, self.pipeline_send_s(ctx, layout), deferred
+        )
         out["dp_comm"] = self._fsdp_exposed(ctx, layout, stage, out)
         return out
 
@@ -858,8 +887,10 @@ class NdplanCostModel:
         for name, value in crit.items():
             parts[name] += m * value
         send = max(getattr(s, "pipeline_send", 0.0) for s in stage_layer_seconds)
-        parts["bubble"] = max(0.0, pipeline - m * t_max) + self.fill_drain_sends_s(
-            ctx, layout, send
+        parts["bubble"] = (
+            max(0.0, pipeline - m * t_max)
+            + self.fill_drain_sends_s(ctx, layout, send)
+            + self._deferred_wgrad_exposed(layout, stage_layer_seconds)
         )
 
         # Gradients reduce while the last micro-batch's backward runs (chunk by chunk,
@@ -898,6 +929,28 @@ class NdplanCostModel:
             stage_forward_s=tuple(s["forward"] for s in stage_layer_seconds),
             stage_backward_s=tuple(s["backward"] + s["recompute"] for s in stage_layer_seconds),
         )
+
+    @staticmethod
+    def _deferred_wgrad_exposed(
+        layout: Layout, stage_layer_seconds: Sequence[Mapping[str, float]]
+    ) -> float:
+        """The deferred output-layer weight gradients that outlast the drain. The last
+        stage runs them once its last backward is done, while the stages before it finish
+        theirs: one backward of every other stage (one chunk's, interleaved) is the idle
+        time they fill. The window is part of the bubble and grows with it, so more
+        recompute never makes the step faster through it."""
+        deferred = [getattr(s, "deferred_wgrad", 0.0) for s in stage_layer_seconds]
+        total = max(deferred, default=0.0)
+        if total <= 0.0:
+            return 0.0
+        head = deferred.index(total)
+        weight = 1.0 / layout.vpp if layout.schedule == "interleaved" else 1.0
+        window = weight * sum(
+            s.get("backward", 0.0) + s.get("recompute", 0.0)
+            for i, s in enumerate(stage_layer_seconds)
+            if i != head
+        )
+        return max(0.0, total - window)
 
     def data_parallel_and_optimizer(
         self,

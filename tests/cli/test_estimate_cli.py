@@ -480,3 +480,24 @@ def test_torchtitan_has_no_tensor_parallelism_without_sp(
     plans = json.loads(captured.out)["plans"]
     assert any(p["layout"]["tp"] > 1 for p in plans)
     assert all(p["layout"]["sp"] for p in plans if p["layout"]["tp"] > 1)
+
+
+def test_deferred_output_layer_wgrads_shorten_a_pipeline_and_cost_the_last_stage_memory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pipeline = ("-n", "8", "--gbs", "16", "-s", "4096", "--pp", "4", "--dp", "2")
+    off = estimate_json(capsys, *LLAMA_8B, *pipeline)
+    on = estimate_json(capsys, *LLAMA_8B, *pipeline, "--defer-embedding-wgrad")
+    limited = estimate_json(
+        capsys, *LLAMA_8B, *pipeline, "--defer-embedding-wgrad", "--wgrad-deferral-limit", "2"
+    )
+    assert on["time"]["step_s"] < limited["time"]["step_s"] < off["time"]["step_s"]
+    last = [s["parts"] for s in on["memory"]["stages"]][-1]
+    # 8 deferred micro-batches: each keeps its input (4096 × 4096) and logit gradient
+    # (4096 × 128256) in bf16.
+    assert last["deferred_wgrad_buffers"] == 8 * 2 * 4096 * (4096 + 128256)
+    assert "deferred_wgrad_buffers" not in off["memory"]["stages"][-1]["parts"]
+    code, _, err = invoke(capsys, *LLAMA_8B, *pipeline)
+    assert "job.defer_embedding_wgrad=False" in err  # off, and said so
+    code, _, err = invoke(capsys, *LLAMA_8B, *pipeline, "--wgrad-deferral-limit", "-1")
+    assert code == 2 and "--wgrad-deferral-limit" in err and "greater than or equal to 0" in err

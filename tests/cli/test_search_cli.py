@@ -341,7 +341,7 @@ def test_strict_search_runs_once_a_job_file_states_every_setting(capsys, tmp_pat
         "precision: bf16\noptimizer: adam\nframework: megatron\nattention_kernel: flash\n"
         "dropout: 0.0\ncp_kind: ring\nfused_loss: true\ngrad_reduce_dtype: fp32\n"
         "finetune: full\nmoe_capacity_factor: 1.0\ntp_comm_overlap: true\n"
-        "fp8_param_gather: true\nactivation_offload: false\n",
+        "fp8_param_gather: true\nactivation_offload: false\ndefer_embedding_wgrad: false\n",
         encoding="utf-8",
     )
     strict = search_json(capsys, *SMALL, "--job", str(job), "--strict")

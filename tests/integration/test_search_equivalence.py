@@ -166,8 +166,12 @@ CASES = {
         SearchSpace(recompute=("none", "full"), mbs=(1,), vpp=(1,), **FIXED),
     ),
 }
-JOBS = {"dense-activation-offload-tight": {"activation_offload": True}}
-"""Job settings of the cases that need them (layers may offload their activations)."""
+JOBS = {
+    "dense-activation-offload-tight": {"activation_offload": True},
+    "dense-70b-all-schedules": {"defer_embedding_wgrad": True, "wgrad_deferral_limit": 4},
+}
+"""Job settings of the cases that need them (layers may offload their activations; the last
+stage defers its output-layer weight gradients, for some micro-batch counts all of them)."""
 
 
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))

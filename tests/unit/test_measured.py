@@ -368,6 +368,27 @@ def test_nemo_1_rows_keep_bf16_weights_beside_their_fp8_copies(
     assert primary < kept / 4
 
 
+def test_nvidia_recipe_rows_defer_the_output_layer_weight_gradient(
+    planner: Planner, interpreter: RunInterpreter
+) -> None:
+    """NeMo's and Megatron-Bridge's recipes defer the last stage's output-layer weight
+    gradient to the pipeline drain (22 micro-batches); Megatron-LM's own rows keep
+    Megatron-Core's default, off."""
+    row = case(interpreter, 80)  # Megatron-Bridge, Llama-3 70B, tp4 pp8×5, 128 micro-batches
+    assert row.job.defer_embedding_wgrad is True and row.layout.pp == 8
+    for other in (300, 36):
+        assert case(interpreter, other).job.defer_embedding_wgrad is True
+    assert case(interpreter, 349).job.defer_embedding_wgrad is None  # Megatron-LM README
+    ctx = planner.context(row.model, row.device, row.num_devices, row.job)
+    assert ctx.deferred_head_wgrads(row.layout) == 22
+    deferred = planner.estimate(ctx, row.layout)
+    inline_job = row.job.model_copy(update={"defer_embedding_wgrad": False})
+    ctx = planner.context(row.model, row.device, row.num_devices, inline_job)
+    inline = planner.estimate(ctx, row.layout)
+    assert deferred.time.step_s < inline.time.step_s
+    assert deferred.memory.stages[-1].parts["deferred_wgrad_buffers"] > 0
+
+
 def test_megatron_bridge_fsdp_rows_may_offload_activations(interpreter: RunInterpreter) -> None:
     """Megatron-Bridge's Megatron-FSDP performance recipes offload the activations of some
     layers to host memory (cpu_offloading_num_layers); its other rows, and other sources,
