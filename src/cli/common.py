@@ -233,6 +233,7 @@ class JobInputs:
                     "attention_kernel": "--attention",
                     "dropout": "--dropout",
                     "grad_reduce_dtype": "--grad-dtype",
+                    "wgrad_deferral_limit": "--wgrad-deferral-limit",
                 }.get(field, field)
             raise InvalidInputError(
                 f"{where}: {err.get('msg')} (got {err.get('input')!r})"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from .assumptions import AssumptionRecorder
 from .base import Frozen, PositiveInt
@@ -92,6 +92,17 @@ class Job(Frozen):
     """How many micro-batches per step defer their output-layer weight gradient (the rest
     compute it in line); 0 defers every one, as in Megatron. 22 when unstated, the
     recipes' value."""
+
+    @field_validator("wgrad_deferral_limit")
+    @classmethod
+    def _limit_needs_deferral(cls, limit: int | None, info: ValidationInfo) -> int | None:
+        # A limit without the deferral would be silently ignored, as Megatron ignores it.
+        if limit is not None and info.data.get("defer_embedding_wgrad") is not True:
+            raise ValueError(
+                "a deferral limit applies only with defer_embedding_wgrad on; "
+                "add --defer-embedding-wgrad (or defer_embedding_wgrad: true)"
+            )
+        return limit
 
 
 JOB_DEFAULTS: dict[str, Any] = {

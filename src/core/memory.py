@@ -260,7 +260,8 @@ class NdplanMemoryModel:
     ) -> dict[str, int]:
         # Two halves cached on their own (true) keys: the model state depends on what the
         # stage holds and how it is sharded; the buffers on the micro-batch's shape.
-        state_key, buffer_key = _state_key(layout, stage), _buffer_key(layout, stage)
+        deferred = ctx.deferred_head_wgrads(layout) if stage.has_head else 0
+        state_key, buffer_key = _state_key(layout, stage), _buffer_key(layout, stage, deferred)
         key = ("static", state_key, buffer_key)
         found = ctx.cache.get(key)
         if found is None:
@@ -563,11 +564,10 @@ def _state_key(layout: Layout, stage: StagePlacement) -> tuple:
     )
 
 
-def _buffer_key(layout: Layout, stage: StagePlacement) -> tuple:
+def _buffer_key(layout: Layout, stage: StagePlacement, deferred_wgrads: int) -> tuple:
     return (
         stage.role,
-        # The head stage buffers the output layer's deferred weight-gradient inputs.
-        (layout.num_microbatches, layout.pp, layout.schedule) if stage.has_head else None,
+        deferred_wgrads,  # the head stage buffers the deferred output-layer wgrad inputs
         layout.mbs,
         layout.cp,
         layout.tp,

@@ -644,8 +644,7 @@ class NdplanCostModel:
             layout.schedule,
             layout.ep,
             layout.expert_tp,
-            ctx.deferred_head_wgrads(layout) if stage.has_head else 0,
-            layout.num_microbatches if stage.has_head else 0,
+            self._deferred_share(ctx, layout) if stage.has_head else 0.0,
         )
         found = ctx.cache.get(key)
         if found is not None:
@@ -676,8 +675,7 @@ class NdplanCostModel:
             loss = self._hbm_s(ctx, n * vocab * (2 + 4 + 4))
             parts["forward"] += logits + loss
             # The deferred micro-batches' weight gradients wait for the drain (``step``).
-            deferred_share = ctx.deferred_head_wgrads(layout) / layout.num_microbatches
-            parts["backward"] += (2 - deferred_share) * logits + loss
+            parts["backward"] += (2 - self._deferred_share(ctx, layout)) * logits + loss
             if t > 1 and layout.sequence_parallel:
                 parts["tp_comm"] += 2 * all_gather_s(links.tp, n * h * ab) * tp_exposed
             if stage.has_mtp and model.mtp_kind is not None:
@@ -706,6 +704,11 @@ class NdplanCostModel:
                 ctx, n, ctx.model.hidden_size, vocab, low_precision=False
             )
         return found
+
+    @staticmethod
+    def _deferred_share(ctx: PricingContext, layout: Layout) -> float:
+        """The share of micro-batches whose output-layer weight gradient waits for the drain."""
+        return ctx.deferred_head_wgrads(layout) / layout.num_microbatches
 
     def deferred_head_wgrad_s(self, ctx: PricingContext, layout: Layout) -> float:
         """The output-layer weight gradients the last stage runs in the pipeline drain,

@@ -225,7 +225,8 @@ def make_pricer(case: Case, device: DeviceSpec | None = None, layout: Layout | N
             precision=case.precision,
             framework=case.framework,
             defer_embedding_wgrad=case.defer_wgrad,
-            wgrad_deferral_limit=3,  # below some drawn micro-batch counts, above others
+            # Below some drawn micro-batch counts, above others.
+            wgrad_deferral_limit=3 if case.defer_wgrad else None,
         ),
     )
     return Pricer(
