@@ -236,7 +236,7 @@ class JobInputs:
                     "wgrad_deferral_limit": "--wgrad-deferral-limit",
                 }.get(field, field)
             raise InvalidInputError(
-                f"{where}: {err.get('msg')} (got {err.get('input')!r})"
+                f"{where}: {err.get('msg', '').removeprefix('Value error, ')} (got {err.get('input')!r})"
             ) from None
 
 
