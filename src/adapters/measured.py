@@ -32,6 +32,12 @@ from ndplan.core.model import DenseFFN, ModelSpec, MoEFFN, StandardAttention
 from .readers.hf import read_hf_config
 
 REQUIRED_COLUMNS = ("row_id", "source", "model", "hardware", "num_gpus")
+SQUAD_DOCUMENT_TOKENS = 225
+"""Mean tokens of one SQuAD v1.1 training example (context, question, answer, prompt).
+The Hugging Face dataset card gives 79,346,108 bytes for its 87,599 training examples,
+906 bytes each; at about 4 bytes per token for English under Llama-family subword
+vocabularies that is about 225 tokens. An estimate, not a measurement: NeMo's and
+Megatron-Bridge's fine-tuning benchmarks pack these examples to the sequence length."""
 
 
 @dataclass
@@ -372,6 +378,7 @@ class RunInterpreter:
                 # CommOverlapConfig); Megatron-Core leaves it off.
                 defer_embedding_wgrad=True if nvidia_perf else None,
                 finetune="lora" if row.get("workload", "").lower() == "lora" else "full",
+                document_tokens=SQUAD_DOCUMENT_TOKENS if packs_squad(row, short) else None,
             )
             layout = Layout(
                 dp=dp,
@@ -503,3 +510,14 @@ def _family(model: ModelSpec, label: str) -> str:
         if key in text:
             return key.replace(" ", "-")
     return model.model_type
+
+
+def packs_squad(row: dict[str, str], source: str) -> bool:
+    """Whether a row fine-tuned on SQuAD packed to its sequence length: NeMo's rows say
+    so in their notes; Megatron-Bridge's SFT and LoRA recipes all use
+    ``default_squad_config(seq_length, packed_sequence=True)``."""
+    workload = row.get("workload", "").lower()
+    if source == "megatron-bridge":
+        return workload in ("sft", "lora")
+    notes = row.get("notes", "").lower()
+    return source in ("nemo", "nemo-cp") and "squad" in notes and "packed" in notes

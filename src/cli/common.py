@@ -121,6 +121,18 @@ ActivationOffloadOpt = Annotated[
     ),
 ]
 
+DocumentTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--document-tokens",
+        min=1,
+        help="Mean tokens per document when sequences pack several (SFT data packed to "
+        "the sequence length): attention runs within each document [default: one "
+        "document per sequence].",
+        show_default=False,
+    ),
+]
+
 DeferWgradOpt = Annotated[
     bool | None,
     typer.Option(
@@ -198,6 +210,7 @@ class JobInputs:
     activation_offload: bool | None = None
     defer_embedding_wgrad: bool | None = None
     wgrad_deferral_limit: int | None = None
+    document_tokens: int | None = None
     file: Path | None = None
 
     def job(self) -> Job:
@@ -212,6 +225,7 @@ class JobInputs:
             "activation_offload": self.activation_offload,
             "defer_embedding_wgrad": self.defer_embedding_wgrad,
             "wgrad_deferral_limit": self.wgrad_deferral_limit,
+            "document_tokens": self.document_tokens,
         }
         stated = {k: v for k, v in flags.items() if v is not None}
         from_file = load_job_file(self.file) if self.file is not None else {}
@@ -234,6 +248,7 @@ class JobInputs:
                     "dropout": "--dropout",
                     "grad_reduce_dtype": "--grad-dtype",
                     "wgrad_deferral_limit": "--wgrad-deferral-limit",
+                    "document_tokens": "--document-tokens",
                 }.get(field, field)
             raise InvalidInputError(
                 f"{where}: {err.get('msg', '').removeprefix('Value error, ')} (got {err.get('input')!r})"

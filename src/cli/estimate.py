@@ -18,6 +18,7 @@ from .common import (
     DeferWgradOpt,
     DeviceOpt,
     DevicesOpt,
+    DocumentTokensOpt,
     DropoutOpt,
     Fp8ParamsOpt,
     FrameworkOpt,
@@ -174,6 +175,7 @@ def estimate(
     activation_offload: ActivationOffloadOpt = None,
     defer_embedding_wgrad: DeferWgradOpt = None,
     wgrad_deferral_limit: WgradDeferralLimitOpt = None,
+    document_tokens: DocumentTokensOpt = None,
     job_file: JobFileOpt = None,
     memory_mode: Annotated[
         str,
@@ -223,6 +225,7 @@ def estimate(
         activation_offload,
         defer_embedding_wgrad=defer_embedding_wgrad,
         wgrad_deferral_limit=wgrad_deferral_limit,
+        document_tokens=document_tokens,
         file=job_file,
     )
     planner, pctx = build_context(

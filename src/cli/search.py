@@ -28,6 +28,7 @@ from .common import (
     DeferWgradOpt,
     DeviceOpt,
     DevicesOpt,
+    DocumentTokensOpt,
     DropoutOpt,
     Fp8ParamsOpt,
     FrameworkOpt,
@@ -402,6 +403,7 @@ def search_cmd(
     activation_offload: ActivationOffloadOpt = None,
     defer_embedding_wgrad: DeferWgradOpt = None,
     wgrad_deferral_limit: WgradDeferralLimitOpt = None,
+    document_tokens: DocumentTokensOpt = None,
     job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = 0.0,
@@ -483,6 +485,7 @@ def search_cmd(
             activation_offload,
             defer_embedding_wgrad=defer_embedding_wgrad,
             wgrad_deferral_limit=wgrad_deferral_limit,
+            document_tokens=document_tokens,
             file=job_file,
         )
         planner, pctx = build_context(

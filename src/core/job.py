@@ -80,6 +80,11 @@ class Job(Frozen):
     --cpu-offloading): an option of the per-layer ``auto`` choice; under ``none``, the
     layers that do not fit are offloaded. Priced over the host link, hidden behind the
     next layer's compute. Off when unstated, as in Megatron."""
+    document_tokens: int | None = Field(default=None, ge=1)
+    """Mean tokens per document when each sequence packs several short documents (SFT
+    datasets packed to the sequence length, Megatron's THD format): attention runs within
+    each document, so its FLOPs scale with the document, not the sequence, and each
+    kernel sees document-length keys. Unset: one document per sequence."""
     defer_embedding_wgrad: bool | None = None
     """Whether the last pipeline stage defers the output layer's weight-gradient GEMM to
     the pipeline drain, where it idles (Megatron's ``--defer-embedding-wgrad-compute``):
@@ -148,6 +153,13 @@ class JobSettings:
         # Cache on the instance: later reads skip __getattr__ entirely.
         setattr(self, name, value)
         return value
+
+    @property
+    def attention_span(self) -> int:
+        """Keys a token attends over at most: the sequence, or its packed document."""
+        seq = self.job.seq_length
+        docs = self.job.document_tokens
+        return min(seq, docs) if docs else seq
 
     @property
     def gemm_precision(self) -> str:

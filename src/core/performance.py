@@ -254,6 +254,7 @@ class NdplanCostModel:
         sigma = t if sp else 1
         n = layout.mbs * ctx.job.seq_length / layout.cp
         seq = ctx.job.seq_length
+        span = job.attention_span  # packed documents attend only within themselves
         # Ring CP passes K/V blocks between ranks; all-to-all (Ulysses) CP exchanges heads.
         ring_cp = layout.cp > 1 and job.cp_kind != "all_to_all"
         ab = ACTIVATION_BYTES
@@ -344,7 +345,7 @@ class NdplanCostModel:
             if att.qk_norm:
                 elementwise("qk_norm", 2 * ab * n * (q_w + kv_w) / t, ("norm", "op"))
             elementwise("rope", 2 * ab * n * (att.num_heads * att.head_dim + kv_w) / t, recomputed)
-            att_flops = n * core_attention_flops(att, seq, "causal") / t
+            att_flops = n * core_attention_flops(att, span, "causal") / t
             gemm("out_proj", n, att.num_heads * att.head_dim / t, h, recomputed)
             kv_bytes_per_token = 2 * kv_w / t * ab
             heads_local = att.num_heads / t
@@ -365,7 +366,7 @@ class NdplanCostModel:
                 ("mla_up",),
             )
             elementwise("rope", 2 * ab * n * 2 * a * att.qk_rope_head_dim / t)
-            att_flops = n * core_attention_flops(att, seq, "causal") / t
+            att_flops = n * core_attention_flops(att, span, "causal") / t
             gemm("out_proj", n, a * att.v_head_dim / t, h)
             kv_bytes_per_token = a * (d_qk + att.v_head_dim) / t * ab
             heads_local = a / t
@@ -390,13 +391,14 @@ class NdplanCostModel:
         rate = min(1.0, eff.attention * kernel_scale)
         if not isinstance(att, LinearAttention):
             # Ring CP calls the kernel once per K/V block of seq/cp keys; all-to-all CP
-            # and no CP call it on the whole sequence (or its window).
-            keys = seq / layout.cp if ring_cp else seq
+            # and no CP call it on the whole sequence (or its window); packed documents
+            # give it document-length keys.
+            keys = min(span, seq / layout.cp) if ring_cp else span
             window = getattr(att, "sliding_window", None)
             rate *= attention_length_efficiency(min(keys, window) if window else keys)
         attention_s = att_flops / (ctx.device.peak_flops("bf16") * rate)
         if job.attention_kernel == "eager" and not isinstance(att, LinearAttention):
-            attention_s += self._hbm_s(ctx, 5 * ab * heads_local * n * seq)
+            attention_s += self._hbm_s(ctx, 5 * ab * heads_local * n * span)
         ops.append(
             Op(
                 "core_attention",
@@ -1020,7 +1022,8 @@ class NdplanCostModel:
         key = "model_flops_per_step"
         found = ctx.cache.get(key)
         if found is None:
-            f = count_flops(ctx.model, ctx.job.seq_length)
+            # Attention FLOPs over what each token attends to (its packed document).
+            f = count_flops(ctx.model, ctx.settings.attention_span)
             tokens = ctx.job.global_batch_size * ctx.job.seq_length
             found = ctx.cache[key] = tokens * (
                 f.training_flops_per_token + 3 * f.mtp_forward_flops_per_token

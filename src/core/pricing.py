@@ -469,7 +469,7 @@ class Pricer:
             return model_flops(self.ctx)
         from .counting import count_flops
 
-        f = count_flops(self.ctx.model, self.ctx.job.seq_length)
+        f = count_flops(self.ctx.model, self.ctx.settings.attention_span)
         return self.ctx.job.global_batch_size * self.ctx.job.seq_length * f.training_flops_per_token
 
     def plan(self, priced: PricedLayout, rank: int | None = None) -> Plan:

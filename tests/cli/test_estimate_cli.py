@@ -505,3 +505,18 @@ def test_deferred_output_layer_wgrads_shorten_a_pipeline_and_cost_the_last_stage
     assert "add --defer-embedding-wgrad" in err and "Value error" not in err
     code, _, err = invoke(capsys, *LLAMA_8B, *pipeline, "--wgrad-deferral-limit", "-1")
     assert code == 2 and "--wgrad-deferral-limit" in err and "greater than or equal to 0" in err
+
+
+def test_packed_documents_shorten_attention_and_count_in_mfu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    job = ("-n", "8", "--gbs", "32", "-s", "4096", "--dp", "8")
+    whole = estimate_json(capsys, *LLAMA_8B, *job)
+    packed = estimate_json(capsys, *LLAMA_8B, *job, "--document-tokens", "256")
+    assert packed["time"]["step_s"] < whole["time"]["step_s"]
+    # The same tokens per second per step second, fewer attention FLOPs per token.
+    assert packed["model_tflops_per_device"] < whole["model_tflops_per_device"] * (
+        whole["time"]["step_s"] / packed["time"]["step_s"]
+    )
+    code, _, err = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "0")
+    assert code == 2 and "--document-tokens" in err

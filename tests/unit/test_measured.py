@@ -21,6 +21,7 @@ import pytest
 
 from ndplan.adapters.measured import (
     REQUIRED_COLUMNS,
+    SQUAD_DOCUMENT_TOKENS,
     RunCase,
     RunInterpreter,
     Skip,
@@ -387,6 +388,23 @@ def test_nvidia_recipe_rows_defer_the_output_layer_weight_gradient(
     inline = planner.estimate(ctx, row.layout)
     assert deferred.time.step_s < inline.time.step_s
     assert deferred.memory.stages[-1].parts["deferred_wgrad_buffers"] > 0
+
+
+def test_squad_fine_tuning_rows_attend_within_packed_documents(
+    planner: Planner, interpreter: RunInterpreter
+) -> None:
+    """NeMo's fine-tuning rows say "SQuAD-v1.1 packed to 4096"; Megatron-Bridge's SFT and
+    LoRA recipes pack SQuAD the same way. Pre-training rows hold one document a sequence."""
+    for row in (307, 309, 64, 69):  # NeMo SFT and LoRA; Megatron-Bridge SFT and LoRA
+        assert case(interpreter, row).job.document_tokens == SQUAD_DOCUMENT_TOKENS
+    for row in (80, 300, 349):
+        assert case(interpreter, row).job.document_tokens is None
+    sft = case(interpreter, 307)
+    ctx = planner.context(sft.model, sft.device, sft.num_devices, sft.job)
+    packed = planner.estimate(ctx, sft.layout).time.step_s
+    whole_job = sft.job.model_copy(update={"document_tokens": None})
+    ctx = planner.context(sft.model, sft.device, sft.num_devices, whole_job)
+    assert packed < planner.estimate(ctx, sft.layout).time.step_s
 
 
 def test_megatron_bridge_fsdp_rows_may_offload_activations(interpreter: RunInterpreter) -> None:
