@@ -116,9 +116,12 @@ def recompute_lines(ranges: Sequence[RecomputeRange]) -> list[str]:
 
 def header(ctx: PricingContext) -> str:
     job = ctx.job
+    seq = f"seq {job.seq_length}"
+    if ctx.settings.attention_span < job.seq_length:
+        seq += f" (packed documents of {job.document_tokens})"
     return (
         f"{ctx.model.name} on {ctx.cluster.num_devices} × {ctx.device.id} · gbs {job.global_batch_size} · "
-        f"seq {job.seq_length} · {ctx.settings.precision} · {ctx.settings.framework}"
+        f"{seq} · {ctx.settings.precision} · {ctx.settings.framework}"
     )
 
 

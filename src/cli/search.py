@@ -50,7 +50,7 @@ from .common import (
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout, table, write_atomic
-from .render import plan_report, recompute_lines
+from .render import header, plan_report, recompute_lines
 
 SPACE_KEYS = {
     "dp",
@@ -557,13 +557,7 @@ def search_cmd(
         if as_json:
             print_json(result_json(result))
         else:
-            stdout.print(
-                Text(
-                    f"{pctx.model.name} on {devices} × {pctx.device.id} · gbs {gbs} · seq {seq_len} · "
-                    f"{pctx.settings.precision} · {pctx.settings.framework}",
-                    style="bold",
-                )
-            )
+            stdout.print(Text(header(pctx), style="bold"))
             stdout.print(ranking_table(result.plans))
             stdout.print(Text(summary_line(result)))
             best = result.plans[0]

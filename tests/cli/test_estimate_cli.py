@@ -518,5 +518,9 @@ def test_packed_documents_shorten_attention_and_count_in_mfu(
     assert packed["model_tflops_per_device"] < whole["model_tflops_per_device"] * (
         whole["time"]["step_s"] / packed["time"]["step_s"]
     )
+    code, out, _ = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "256")
+    assert code == 0 and "seq 4096 (packed documents of 256)" in out.splitlines()[0]
+    code, out, _ = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "8192")
+    assert code == 0 and "packed" not in out.splitlines()[0]  # as long as the sequence
     code, _, err = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "0")
     assert code == 2 and "--document-tokens" in err
