@@ -19,7 +19,7 @@ from ndplan.cli.compare import spearman_text, summary_sections
 from ndplan.core.calibration import Calibration
 from ndplan.core.fitting import ErrorStats
 from ndplan.planner import Planner
-from ndplan.validation import CalibrationSpace, compare, ranking_groups
+from ndplan.validation import MOE_ONLY_PARAMETERS, CalibrationSpace, compare, ranking_groups
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "shared" / "measured_runs.csv"
@@ -53,6 +53,8 @@ def _parameter_section(calibration: Calibration) -> list[str]:
         z = "" if prior is None else f"{(value - prior.centre) / prior.width:+.2f}"
         band = "" if prior is None else f"{prior.centre:g} ± {prior.width:g}"
         rows.append([f"`{param.name}`", f"{value:.4g}", band, z, f"{param.low:g}–{param.high:g}"])
+    # The second stage's shared parameters, from the fit's own list (without "shared.").
+    moe_only_names = ", ".join(f"`{n.removeprefix('shared.')}`" for n in MOE_ONLY_PARAMETERS)
     fit = calibration.fit
     figures = ""
     if "objective" in fit:
@@ -68,9 +70,8 @@ def _parameter_section(calibration: Calibration) -> list[str]:
         "and datasheets, not from the rows; *z* is how many prior widths the fit moved it. "
         "The fit runs in two stages: the dense rows fit every parameter a dense layer reads, "
         "then the MoE rows fit only those MoE layers alone read (the bf16 routed-expert GEMM "
-        "efficiencies, `grouped_gemm_half_gflop`, `grouped_gemm_low_precision_ratio`, "
-        "`moe_layer_overhead_us`, "
-        "`overlap.megatron.ep`), so a MoE residual does not move the kernels both share." + figures,
+        f"efficiencies, {moe_only_names}), so a MoE residual does not move the kernels both "
+        "share." + figures,
         "",
         _table(["parameter", "fitted", "prior", "z", "bounds"], rows),
         "",

@@ -631,6 +631,8 @@ class NdplanCostModel:
     ) -> dict[str, float]:
         """Per micro-batch on one stage, outside the decoder layers: embedding, head and
         loss, MTP, pipeline sends."""
+        # The head stage's deferred weight gradients wait for the drain (``step``).
+        deferred_share = self._deferred_share(ctx, layout) if stage.has_head else 0.0
         key = (
             "stage_fixed",
             stage.index,
@@ -646,7 +648,7 @@ class NdplanCostModel:
             layout.schedule,
             layout.ep,
             layout.expert_tp,
-            self._deferred_share(ctx, layout) if stage.has_head else 0.0,
+            deferred_share,
         )
         found = ctx.cache.get(key)
         if found is not None:
@@ -676,8 +678,7 @@ class NdplanCostModel:
             logits = self.head_logits_s(ctx, layout)
             loss = self._hbm_s(ctx, n * vocab * (2 + 4 + 4))
             parts["forward"] += logits + loss
-            # The deferred micro-batches' weight gradients wait for the drain (``step``).
-            parts["backward"] += (2 - self._deferred_share(ctx, layout)) * logits + loss
+            parts["backward"] += (2 - deferred_share) * logits + loss
             if t > 1 and layout.sequence_parallel:
                 parts["tp_comm"] += 2 * all_gather_s(links.tp, n * h * ab) * tp_exposed
             if stage.has_mtp and model.mtp_kind is not None:
