@@ -353,6 +353,14 @@ def count_flops(
     )
 
 
+def model_flops_per_step(model: ModelSpec, tokens_per_step: int, attention_span: int) -> float:
+    """The FLOPs MFU counts for one optimizer step: 3 × forward of the decoder, logits and
+    MTP modules, no recompute, attention over ``attention_span`` keys (the packed
+    document when sequences pack several)."""
+    f = count_flops(model, attention_span)
+    return tokens_per_step * (f.training_flops_per_token + 3 * f.mtp_forward_flops_per_token)
+
+
 def megatron_closed_form_flops(model: ModelSpec, global_batch: int, seq_len: int) -> float:
     """Megatron-LM's closed form FLOPs per iteration (training.py, causal attention).
 

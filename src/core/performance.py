@@ -26,7 +26,7 @@ from .collectives import (
     send_recv_s,
 )
 from .context import PricingContext, StagePlacement, layer_key
-from .counting import core_attention_flops, count_flops
+from .counting import core_attention_flops, model_flops_per_step
 from .frameworks import offloads, per_op_policy_applies
 from .layout import Layout
 from .memory import (
@@ -1023,10 +1023,8 @@ class NdplanCostModel:
         key = "model_flops_per_step"
         found = ctx.cache.get(key)
         if found is None:
-            # Attention FLOPs over what each token attends to (its packed document).
-            f = count_flops(ctx.model, ctx.settings.attention_span)
             tokens = ctx.job.global_batch_size * ctx.job.seq_length
-            found = ctx.cache[key] = tokens * (
-                f.training_flops_per_token + 3 * f.mtp_forward_flops_per_token
+            found = ctx.cache[key] = model_flops_per_step(
+                ctx.model, tokens, ctx.settings.attention_span
             )
         return found

@@ -467,10 +467,10 @@ class Pricer:
         model_flops = getattr(self.cost, "model_flops_per_step", None)
         if model_flops is not None:
             return model_flops(self.ctx)
-        from .counting import count_flops
+        from .counting import model_flops_per_step
 
-        f = count_flops(self.ctx.model, self.ctx.settings.attention_span)
-        return self.ctx.job.global_batch_size * self.ctx.job.seq_length * f.training_flops_per_token
+        tokens = self.ctx.job.global_batch_size * self.ctx.job.seq_length
+        return model_flops_per_step(self.ctx.model, tokens, self.ctx.settings.attention_span)
 
     def plan(self, priced: PricedLayout, rank: int | None = None) -> Plan:
         ctx = self.ctx

@@ -32,7 +32,7 @@ from ndplan.core.calibration import Calibration, DeviceEfficiency, Overlap
 from ndplan.core.cluster import Cluster
 from ndplan.core.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
 from ndplan.core.context import PricingContext
-from ndplan.core.counting import core_attention_flops
+from ndplan.core.counting import core_attention_flops, count_flops
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DefaultKnapsackSolver
 from ndplan.core.layout import Layout
@@ -50,6 +50,7 @@ from ndplan.core.performance import (
 )
 from ndplan.core.pricing import Pricer
 from ndplan.core.recompute import applicable_switches
+from ndplan.planner import Planner
 
 DEVICES = {d.id: d for d in builtin_devices()}
 H100 = DEVICES["h100-sxm"]
@@ -1652,3 +1653,26 @@ def test_torchtitan_per_op_policy_recomputes_k_out_and_up_projections() -> None:
     )
     # torchtitan offers keep, the per-op policy, or the whole layer
     assert applicable_switches(titan, layout, DENSE) == ("op",)
+
+
+class WithoutModelFlops(NdplanCostModel):
+    """A third-party cost model that prices time but does not count model FLOPs."""
+
+    model_flops_per_step = None
+
+
+def test_mfu_counts_the_mtp_module_whichever_cost_model_prices_the_step() -> None:
+    """Without the cost model's own count, the pricer's MFU falls back to the same
+    model FLOPs: decoder, logits and the MTP module, 3 × forward."""
+    model = Planner().model("deepseek-v3")
+    assert model.num_mtp_layers
+    layout = Layout(dp=2, num_microbatches=2)
+    ctx = make_ctx(layout, model, seq=1024)
+    ours = NdplanCostModel(Calibration())
+    theirs = Pricer(
+        ctx, NdplanMemoryModel(), WithoutModelFlops(Calibration()), DefaultKnapsackSolver()
+    )
+    f = count_flops(model, 1024)
+    by_hand = 2 * 2 * 1024 * 3 * (f.forward_flops_per_token + f.mtp_forward_flops_per_token)
+    assert theirs.model_flops_per_step() == pytest.approx(by_hand, rel=1e-12)
+    assert ours.model_flops_per_step(ctx) == pytest.approx(by_hand, rel=1e-12)
