@@ -247,6 +247,10 @@ class JobInputs:
                     "attention_kernel": "--attention",
                     "dropout": "--dropout",
                     "grad_reduce_dtype": "--grad-dtype",
+                    "tp_comm_overlap": "--tp-comm-overlap",
+                    "fp8_param_gather": "--fp8-param-gather",
+                    "activation_offload": "--activation-offload",
+                    "defer_embedding_wgrad": "--defer-embedding-wgrad",
                     "wgrad_deferral_limit": "--wgrad-deferral-limit",
                     "document_tokens": "--document-tokens",
                 }.get(field, field)

@@ -79,6 +79,38 @@ class FrameworkTraits:
     """The sequence-parallel settings it offers with TP (torchtitan's TP plan always
     shards the norms over the sequence)."""
 
+    @property
+    def cp_kind(self) -> str:
+        """The context-parallel algorithm a job gets when it does not say (DeepSpeed's
+        Ulysses is all-to-all; the others default to the ring)."""
+        return self.cp_kinds[0]
+
+    def lacks(self, field: str, value: object) -> str | None:
+        """Why a job switch set to ``value`` does not exist in this framework (a one-line
+        refusal with the fix), or None when it does. Only stated switches are checked: a
+        switch the framework lacks would otherwise go unread, and the plan would silently
+        price something other than what was asked."""
+        if field == "cp_kind" and value not in self.cp_kinds:
+            kinds = " or ".join(self.cp_kinds)
+            return f"{self.name} has no {value} context parallelism (it offers {kinds}); use cp_kind {self.cp_kinds[0]}"
+        if field == "activation_offload" and value and not self.activation_offload:
+            return (
+                f"{self.name} does not offload activations to host memory (Megatron's "
+                "--cpu-offloading); drop --activation-offload or use --framework megatron"
+            )
+        if field == "defer_embedding_wgrad" and value and not self.deferred_embedding_wgrad:
+            return (
+                f"{self.name} does not defer the output layer's weight gradient (Megatron's "
+                "--defer-embedding-wgrad-compute); drop --defer-embedding-wgrad or use "
+                "--framework megatron"
+            )
+        if field == "fp8_param_gather" and value and not self.fp8_primary_weights:
+            return (
+                f"{self.name} keeps no fp8 weights as the parameters (Megatron's "
+                "--fp8-param-gather); drop --fp8-param-gather or use --framework megatron"
+            )
+        return None
+
     def sp_not_offered(self, sp: str, tp: str) -> str:
         """The one-line refusal of SP settings (``on``, ``off``) with TP degrees it lacks."""
         return (

@@ -50,7 +50,8 @@ class Job(Frozen):
     dropout: float | None = Field(default=None, ge=0.0, lt=1.0)
     """Dropout probability; modern runs use 0."""
     cp_kind: CPKind | None = None
-    """Context-parallel algorithm: ring (P2P K/V exchange) or all-to-all (Ulysses)."""
+    """Context-parallel algorithm: ring (P2P K/V exchange) or all-to-all (Ulysses); the
+    framework's default when unstated (DeepSpeed has only Ulysses; the others, the ring)."""
     fused_loss: bool | None = None
     """Whether the cross-entropy is fused/chunked, so fp32 logits are never materialised;
     the framework's default when unstated."""
@@ -98,6 +99,20 @@ class Job(Frozen):
     compute it in line); 0 defers every one, as in Megatron. 22 when unstated, the
     recipes' value."""
 
+    @field_validator("cp_kind", "fp8_param_gather", "activation_offload", "defer_embedding_wgrad")
+    @classmethod
+    def _offered_by_the_framework(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            return value
+        from .frameworks import traits_for
+
+        # An invalid framework is reported on its own field; check against the default.
+        framework = info.data.get("framework") or JOB_DEFAULTS["framework"]
+        why = traits_for(framework).lacks(info.field_name, value)
+        if why is not None:
+            raise ValueError(why)
+        return value
+
     @field_validator("wgrad_deferral_limit")
     @classmethod
     def _limit_needs_deferral(cls, limit: int | None, info: ValidationInfo) -> int | None:
@@ -116,7 +131,6 @@ JOB_DEFAULTS: dict[str, Any] = {
     "framework": "megatron",
     "attention_kernel": "flash",
     "dropout": 0.0,
-    "cp_kind": "ring",
     "moe_capacity_factor": 1.0,
     "finetune": "full",
     "tp_comm_overlap": True,
@@ -125,7 +139,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "defer_embedding_wgrad": False,
     "wgrad_deferral_limit": 22,
 }
-FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype")
+FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype", "cp_kind")
 """Fields whose default depends on the framework (read from its traits)."""
 
 

@@ -942,9 +942,12 @@ class NdplanCostModel:
     ) -> float:
         """The deferred output-layer weight gradients that outlast the drain. The last
         stage runs them once its last backward is done, while the stages before it finish
-        theirs: one backward of every other stage (one chunk's, interleaved) is the idle
-        time they fill. The window is part of the bubble and grows with it, so more
-        recompute never makes the step faster through it."""
+        theirs: the backward phase of every other stage (one chunk's, interleaved) is the
+        idle time they fill — a stage's time per micro-batch less its forward compute
+        (its backward, recompute and the communication they expose). The window grows
+        exactly as the bubble does, so no recompute choice makes the step faster through
+        it (recompute that hides Megatron-FSDP's gathers leaves a stage's time, and so
+        the window, unchanged)."""
         deferred = [getattr(s, "deferred_wgrad", 0.0) for s in stage_layer_seconds]
         total = max(deferred, default=0.0)
         if total <= 0.0:
@@ -952,7 +955,7 @@ class NdplanCostModel:
         head = deferred.index(total)
         weight = 1.0 / layout.vpp if layout.schedule == "interleaved" else 1.0
         window = weight * sum(
-            s.get("backward", 0.0) + s.get("recompute", 0.0)
+            sum(s.values()) - s.get("forward", 0.0)
             for i, s in enumerate(stage_layer_seconds)
             if i != head
         )

@@ -482,6 +482,41 @@ def test_torchtitan_has_no_tensor_parallelism_without_sp(
     assert all(p["layout"]["sp"] for p in plans if p["layout"]["tp"] > 1)
 
 
+@pytest.mark.parametrize(
+    ("flag", "framework"),
+    [
+        ("--activation-offload", "torchtitan"),
+        ("--defer-embedding-wgrad", "deepspeed"),
+        ("--fp8-param-gather", "mindformers"),
+    ],
+)
+def test_a_megatron_switch_asked_of_another_framework_is_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: str, framework: str
+) -> None:
+    """Asked of a framework without it, a switch would go unread and the plan would price
+    something else: refused in one line naming the flag and the fix, in estimate and in
+    search, with nothing written; the same from a --job file, naming the file."""
+    common = (*LLAMA_8B, "-n", "8", "--gbs", "16", "-s", "4096", "--framework", framework)
+    csv = tmp_path / "ranking.csv"
+    for command in ("estimate", "search"):
+        extra = ("--ranking-csv", str(csv)) if command == "search" else ()
+        code = run([command, *common, "--precision", "fp8", flag, *extra])
+        captured = capsys.readouterr()
+        assert code == ExitCode.INVALID_INPUT, captured.err
+        line = one_error_line(captured.err)
+        assert line.startswith(f"ndplan: error: {flag}: {framework} ")
+        assert f"drop {flag} or use --framework megatron" in line
+        assert captured.out == "" and not csv.exists()
+    field = flag.removeprefix("--").replace("-", "_")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"{field}: true\n")
+    code, out, err = invoke(capsys, *common, "--job", str(job))
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    assert one_error_line(err).startswith(f"ndplan: error: {job}: {field}: {framework} ")
+    code, _, err = invoke(capsys, *common, f"--no-{flag.removeprefix('--')}")
+    assert code == 0, err  # saying no is fine
+
+
 def test_deferred_output_layer_wgrads_shorten_a_pipeline_and_cost_the_last_stage_memory(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

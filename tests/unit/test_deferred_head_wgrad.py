@@ -66,7 +66,6 @@ def test_deferred_micro_batches_follow_the_limit(limit: int, deferred: int) -> N
         (Layout(dp=4, num_microbatches=8), {}),  # no pipeline, no drain
         (Layout(pp=4, num_microbatches=8, schedule="gpipe"), {}),
         (Layout(pp=2, num_microbatches=8, schedule="dualpipev"), {}),
-        (PP4, {"framework": "torchtitan"}),
         (PP4, {"finetune": "lora"}),  # a frozen output layer has no weight gradient
     ],
 )
@@ -106,16 +105,17 @@ def test_the_logits_gemm_is_the_output_layers_shape_in_bf16() -> None:
 
 def secs(backward: float, deferred: float = 0.0) -> StageSeconds:
     parts = dict.fromkeys((*LAYER_PARTS, "pp_comm", "dp_comm"), 0.0)
-    parts.update(forward=1.0, backward=backward)
+    parts.update(forward=1.0, backward=backward, tp_comm=0.25, pp_comm=0.25)
     return StageSeconds(parts, deferred_wgrad=deferred)
 
 
 @pytest.mark.parametrize(
     ("schedule", "vpp", "deferred", "exposed"),
     [
-        ("1f1b", 1, 5.0, 0.0),  # the drain is 3 backwards of 2 s: 6 s hides 5 s
-        ("1f1b", 1, 8.0, 2.0),
-        ("interleaved", 2, 5.0, 2.0),  # one chunk's backward per stage: 3 s
+        # The drain is 3 backward phases of 2 s plus 0.5 s of exposed communication.
+        ("1f1b", 1, 7.0, 0.0),  # 7.5 s hides 7 s
+        ("1f1b", 1, 9.0, 1.5),
+        ("interleaved", 2, 5.0, 1.25),  # one chunk's backward phase per stage: 3.75 s
     ],
 )
 def test_what_outlasts_the_drain_is_exposed(
@@ -134,17 +134,21 @@ def test_what_outlasts_the_drain_is_exposed(
 
 def test_more_recompute_elsewhere_never_speeds_the_step_through_the_window() -> None:
     """A longer backward on another stage widens the window but lengthens the bubble by
-    at least as much."""
+    at least as much; recompute that hides as much exposed communication (Megatron-FSDP's
+    gathers) leaves the stage, the window and the step as they were."""
     layout = Layout(pp=4, num_microbatches=8)
     ctx = make_ctx(layout)
     cm = NdplanCostModel(NO_OVERHEAD)
     stages = ctx.placement(layout)
-    steps = []
+    steps, hidden = [], []
     for extra in (0.0, 0.5, 1.0, 3.0):
-        stage_secs = [secs(2.0, 9.0 if s.has_head else 0.0) for s in stages]
+        stage_secs = [secs(2.0, 12.0 if s.has_head else 0.0) for s in stages]
         stage_secs[0]["recompute"] = extra
         steps.append(cm.step(ctx, layout, stages, stage_secs).step_s)
-    assert steps == sorted(steps)
+        stage_secs[0]["dp_comm"] = 3.0 - extra  # the gathers the recompute hides
+        hidden.append(cm.step(ctx, layout, stages, stage_secs).step_s)
+    assert steps == sorted(steps) and steps[0] < steps[-1]
+    assert hidden == pytest.approx([hidden[0]] * 4, rel=1e-12)
 
 
 @pytest.mark.parametrize("limit", [0, 3])

@@ -40,6 +40,7 @@ from ndplan.adapters.devices.catalog import builtin_devices
 from ndplan.core.calibration import Calibration, Overlap
 from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
+from ndplan.core.frameworks import FRAMEWORKS
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DefaultKnapsackSolver
 from ndplan.core.layout import Layout
@@ -216,6 +217,8 @@ def case_st(draw, uneven: bool = True, schedules: tuple[str, ...] | None = None)
 
 def make_pricer(case: Case, device: DeviceSpec | None = None, layout: Layout | None = None):
     layout = layout or case.layout
+    # Only a framework that has the deferral may be asked for it (others refuse the job).
+    defer = case.defer_wgrad if FRAMEWORKS[case.framework].deferred_embedding_wgrad else None
     ctx = PricingContext(
         model=case.model,
         cluster=Cluster(device=device or case.device, num_devices=layout.devices),
@@ -224,9 +227,9 @@ def make_pricer(case: Case, device: DeviceSpec | None = None, layout: Layout | N
             seq_length=case.seq,
             precision=case.precision,
             framework=case.framework,
-            defer_embedding_wgrad=case.defer_wgrad,
+            defer_embedding_wgrad=defer,
             # Below some drawn micro-batch counts, above others.
-            wgrad_deferral_limit=3 if case.defer_wgrad else None,
+            wgrad_deferral_limit=3 if defer else None,
         ),
     )
     return Pricer(
@@ -306,8 +309,8 @@ def fill_drain_s(case: Case, priced: PricedLayout) -> float:
 
 def deferred_exposed_s(priced: PricedLayout) -> float:
     """The deferred output-layer weight gradients that outlast the drain (checked by hand
-    in test_deferred_head_wgrad.py): the head stage's, less one backward (and recompute)
-    of every other stage, one chunk's when interleaved."""
+    in test_deferred_head_wgrad.py): the head stage's, less the backward phase (its time
+    less its forward) of every other stage, one chunk's when interleaved."""
     seconds = priced.stage_seconds
     deferred = [s.deferred_wgrad for s in seconds]
     if max(deferred) == 0.0:
@@ -316,7 +319,7 @@ def deferred_exposed_s(priced: PricedLayout) -> float:
     lay = priced.layout
     weight = 1 / lay.vpp if lay.schedule == "interleaved" else 1.0
     window = weight * sum(
-        s["backward"] + s["recompute"] for i, s in enumerate(seconds) if i != head
+        sum(s.values()) - s["forward"] for i, s in enumerate(seconds) if i != head
     )
     return max(0.0, deferred[head] - window)
 
