@@ -409,6 +409,14 @@ def search_cmd(
     reserve: ReserveOpt = 0.0,
     runtime_reserve: RuntimeReserveOpt = None,
     top: Annotated[int, typer.Option("--top", "-t", min=1, help="How many plans to list.")] = 10,
+    explain: Annotated[
+        int,
+        typer.Option(
+            "--explain",
+            min=1,
+            help="Break down the plan of this rank instead of the best (at most -t).",
+        ),
+    ] = 1,
     as_json: Json = False,
     ranking_out: Annotated[
         Path | None,
@@ -465,6 +473,11 @@ def search_cmd(
         for out in (ranking_out,):
             if out is not None and out.exists() and not force:
                 raise InvalidInputError(f"{out}: exists; pass --force to overwrite it")
+        if explain > top:  # only the top K are kept
+            raise InvalidInputError(
+                f"--explain {explain}: only the top {top} plans are kept; "
+                f"pass -t {explain} or a rank up to {top}"
+            )
         options = PricingOptions(
             memoize=not no_memo,
             max_mem_gib=max_mem,
@@ -551,23 +564,29 @@ def search_cmd(
                 progress.stop()
         for sink in sinks:
             sink.close()
+        result = outcome.result
+        if explain > len(result.plans):  # checked before anything is written
+            raise InvalidInputError(
+                f"--explain {explain}: only {len(result.plans)} plans fit; "
+                f"pick a rank up to {len(result.plans)}"
+            )
         if ranking_out is not None:
             write_atomic(ranking_out, ranking_csv(outcome), force=True)
-        result = outcome.result
         if as_json:
             print_json(result_json(result))
         else:
             stdout.print(Text(header(pctx), style="bold"))
             stdout.print(ranking_table(result.plans))
             stdout.print(Text(summary_line(result)))
-            best = result.plans[0]
-            stdout.print(Text("best plan:", style="bold"))
-            stdout.print(plan_report(pctx, best, show_recompute=False))
-            if (best.recompute and len({r.option for r in best.recompute}) > 1) or (
-                best.recompute and best.recompute[0].option != "none"
+            chosen = result.plans[explain - 1]
+            title = "best plan:" if explain == 1 else f"plan {explain}:"
+            stdout.print(Text(title, style="bold"))
+            stdout.print(plan_report(pctx, chosen, show_recompute=False))
+            if (chosen.recompute and len({r.option for r in chosen.recompute}) > 1) or (
+                chosen.recompute and chosen.recompute[0].option != "none"
             ):
                 stdout.print(Text("recompute:"))
-                for line in recompute_lines(best.recompute):
+                for line in recompute_lines(chosen.recompute):
                     stdout.print(Text("  " + line))
         line = pctx.recorder.line()
         if line:

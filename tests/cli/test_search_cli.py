@@ -578,3 +578,30 @@ def test_ctrl_c_while_searching_says_so(capsys, monkeypatch) -> None:
     code, out, err = invoke(capsys, "search", *SMALL, "--json")
     assert (code, out) == (130, "")
     assert one_error_line(err) == "ndplan: error: interrupted"
+
+
+def test_explain_breaks_down_the_plan_of_a_rank(capsys, tmp_path: Path) -> None:
+    """--explain RANK prints that plan's breakdown instead of the best's; a rank beyond
+    -t, or beyond the plans that fit, is refused in one line with nothing written."""
+    plans = search_json(capsys, *TIGHT, "-t", "5")["plans"]
+    code, out, err = invoke(capsys, "search", *TIGHT, "-t", "5", "--explain", "3")
+    assert code == 0, err
+    assert "plan 3:" in out and "best plan:" not in out
+    third = plans[2]["layout"]
+    shown = out.split("plan 3:", 1)[1]
+    assert f"mbs {third['mbs']} × {third['num_microbatches']} · zero {third['zero']}" in shown
+    _, best_out, _ = invoke(capsys, "search", *TIGHT, "-t", "5")
+    assert "best plan:" in best_out  # rank 1 is the default
+    csv = tmp_path / "ranking.csv"
+    code, out, err = invoke(
+        capsys, "search", *TIGHT, "-t", "5", "--explain", "6", "--ranking-csv", str(csv)
+    )
+    assert code == 3 and out == "" and not csv.exists()
+    assert "--explain 6: only the top 5 plans are kept; pass -t 6" in one_error_line(err)
+    # With these degrees fixed, two of the four candidates fit in 24 GiB: no rank 3.
+    fixed = ("--tp", "8", "--pp", "1", "--mbs", "1", "--zero", "1", "--recompute", "none")
+    code, out, err = invoke(
+        capsys, "search", *TIGHT, *fixed, "--explain", "3", "--ranking-csv", str(csv)
+    )
+    assert code == 3 and out == "" and not csv.exists()
+    assert "--explain 3: only 2 plans fit; pick a rank up to 2" in one_error_line(err)
