@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 # executor picks its own worker count.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 
-.PHONY: demo test bench lint clean install calibrate
+.PHONY: demo test fuzz bench lint clean install calibrate
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The property suites on fresh random examples (`make test` draws the same ones every
+# run); FUZZ_RUNS runs, each on a new seed.
+FUZZ_RUNS ?= 4
+FUZZ_TESTS := $(shell grep -l '^from hypothesis' tests/unit/*.py)
+fuzz: $(STAMP)
+	for run in $$(seq $(FUZZ_RUNS)); do \
+		$(BIN)/python -m pytest -q -p no:cacheprovider --hypothesis-profile explore \
+			$(FUZZ_TESTS) || exit 1; \
+	done
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
