@@ -38,7 +38,7 @@ from .common import (
 )
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout
-from .render import plan_report
+from .render import plan_report, unfilled_pipeline_warning
 
 Degree = Annotated[int, typer.Option(min=1)]
 
@@ -264,6 +264,9 @@ def estimate(
         print_json(plan)
     else:
         stdout.print(plan_report(pctx, plan))
+    warning = unfilled_pipeline_warning([plan])
+    if warning:
+        note(warning)
     line = pctx.recorder.line()
     if line:
         note(line)

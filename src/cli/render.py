@@ -141,3 +141,27 @@ def plan_report(ctx: PricingContext, plan: Plan, *, show_recompute: bool = True)
         items.append(Text("recompute:"))
         items += [Text("  " + line) for line in recompute_lines(plan.recompute)]
     return Group(*items)
+
+
+def unfilled_pipeline_warning(plans: Sequence[Plan]) -> str | None:
+    """A warning when a plan runs fewer micro-batches than pipeline stages: the pipeline
+    never fills, so every stage idles part of each step (allowed, but rarely meant).
+    ``plans`` are ranked (search) or a single estimate."""
+    unfilled = [
+        (i, p.layout)
+        for i, p in enumerate(plans, start=1)
+        if p.layout.pp > 1 and p.layout.num_microbatches < p.layout.pp
+    ]
+    if not unfilled:
+        return None
+    if len(plans) == 1:
+        lay = unfilled[0][1]
+        return (
+            f"warning: {lay.num_microbatches} micro-batches for {lay.pp} pipeline stages: the "
+            "pipeline never fills; raise --gbs, or lower --mbs, --dp or --pp"
+        )
+    ranks = ", ".join(str(i) for i, _ in unfilled)
+    return (
+        f"warning: ranks {ranks} run fewer micro-batches than pipeline stages: "
+        "their pipelines never fill"
+    )

@@ -50,7 +50,7 @@ from .common import (
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout, table, write_atomic
-from .render import header, plan_report, recompute_lines
+from .render import header, plan_report, recompute_lines, unfilled_pipeline_warning
 
 SPACE_KEYS = {
     "dp",
@@ -588,6 +588,9 @@ def search_cmd(
                 stdout.print(Text("recompute:"))
                 for line in recompute_lines(chosen.recompute):
                     stdout.print(Text("  " + line))
+        warning = unfilled_pipeline_warning(result.plans)
+        if warning:
+            note(warning)
         line = pctx.recorder.line()
         if line:
             note(line)

@@ -559,3 +559,21 @@ def test_packed_documents_shorten_attention_and_count_in_mfu(
     assert code == 0 and "packed" not in out.splitlines()[0]  # as long as the sequence
     code, _, err = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "0")
     assert code == 2 and "--document-tokens" in err
+
+
+def test_fewer_micro_batches_than_stages_is_priced_but_warned(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """m < pp is allowed (spec/search.md) but the pipeline never fills: one warning on
+    stderr naming the fix, in text and JSON, and none once m reaches pp."""
+    unfilled = ("-n", "8", "--gbs", "4", "-s", "4096", "--pp", "4", "--dp", "2")
+    for json_flag in ((), ("--json",)):
+        code, out, err = invoke(capsys, *LLAMA_8B, *unfilled, *json_flag)
+        assert code == 0 and out
+        warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+        assert warnings == [
+            "warning: 2 micro-batches for 4 pipeline stages: the pipeline never fills; "
+            "raise --gbs, or lower --mbs, --dp or --pp"
+        ]
+    code, _, err = invoke(capsys, *LLAMA_8B, "-n", "8", "--gbs", "8", "-s", "4096", "--pp", "4")
+    assert code == 0 and "warning:" not in err

@@ -605,3 +605,20 @@ def test_explain_breaks_down_the_plan_of_a_rank(capsys, tmp_path: Path) -> None:
     )
     assert code == 3 and out == "" and not csv.exists()
     assert "--explain 3: only 2 plans fit; pick a rank up to 2" in one_error_line(err)
+
+
+def test_ranked_plans_whose_pipelines_never_fill_are_named(capsys) -> None:
+    """The warning names exactly the listed ranks that run fewer micro-batches than
+    pipeline stages."""
+    argv = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "8", "-s", "4096")
+    argv += ("-t", "8", "-l", "PP,MBS,DP", "-j", "1")
+    plans = search_json(capsys, *argv)["plans"]
+    unfilled = [
+        str(p["rank"])
+        for p in plans
+        if p["layout"]["pp"] > 1 and p["layout"]["num_microbatches"] < p["layout"]["pp"]
+    ]
+    assert unfilled  # the case exercises it
+    code, _, err = invoke(capsys, "search", *argv)
+    assert code == 0
+    assert f"warning: ranks {', '.join(unfilled)} run fewer micro-batches" in err
