@@ -136,6 +136,7 @@ class Planner:
         opts = options or PricingOptions()
         if top_k < 1:
             raise InvalidInputError(f"--top: must be at least 1, got {top_k}")
+        check_precision(ctx)
         debug = bool(sinks) or collect_parts
         # Failures name the candidate and whether a plugin raised (exit 4) or ndplan (5).
         pricing = GuardedPricing(
@@ -226,6 +227,12 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
         raise InvalidInputError(
             f"schedule '{layout.schedule}' is not offered by {fw.name} (offers {', '.join(fw.schedules)})"
         )
+    check_precision(ctx)
+
+
+def check_precision(ctx: PricingContext) -> None:
+    """The job's GEMM precision needs the device's tensor cores for it (an A100 has no fp8,
+    a Hopper no fp4): a property of the job and the device, whatever the layout."""
     if not ctx.device.supports(ctx.settings.gemm_precision):
         raise InvalidInputError(
             f"precision '{ctx.settings.precision}' needs {ctx.settings.gemm_precision} tensor cores, which "

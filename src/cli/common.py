@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.errors import InvalidInputError
 from ndplan.core.job import Job
+from ndplan.core.units import GiB
 from ndplan.planner import Planner, PricingOptions
 
 from .options import State
@@ -278,4 +279,20 @@ def build_context(
     if options.max_mem_gib is not None and options.max_mem_gib <= 0:
         raise InvalidInputError(f"--max-mem: must be positive, got {options.max_mem_gib}")
     ctx = planner.context(spec, dev, devices, job.job(), options=options, recorder=recorder)
+    # Reserves that leave nothing to plan in would only show up later as "no layout fits
+    # in -420 GiB"; they are invalid input.
+    capacity = ctx.device_capacity_bytes / GiB
+    if ctx.budget_bytes <= 0:
+        raise InvalidInputError(
+            f"--reserve: {options.balance_reserve_gib:g} GiB leaves nothing of the "
+            f"{capacity:.2f} GiB per device; give less than {capacity:.2f}"
+        )
+    # A stated runtime reserve that takes it all is a typo; the device's own reserve under
+    # a small --max-mem is a problem with too little memory (exit 1, the closest miss).
+    if options.reserve_gib is not None and ctx.fixed_reserve_bytes >= ctx.budget_bytes:
+        raise InvalidInputError(
+            f"--runtime-reserve: {ctx.fixed_reserve_bytes / GiB:g} GiB leaves nothing of the "
+            f"{ctx.budget_bytes / GiB:.2f} GiB per device to plan in; give less than "
+            f"{ctx.budget_bytes / GiB:.2f}"
+        )
     return planner, ctx

@@ -160,6 +160,11 @@ def unfilled_pipeline_warning(plans: Sequence[Plan]) -> str | None:
             f"warning: {lay.num_microbatches} micro-batches for {lay.pp} pipeline stages: the "
             "pipeline never fills; raise --gbs, or lower --mbs, --dp or --pp"
         )
+    if len(unfilled) == 1:
+        return (
+            f"warning: rank {unfilled[0][0]} runs fewer micro-batches than pipeline stages: "
+            "its pipeline never fills"
+        )
     ranks = ", ".join(str(i) for i, _ in unfilled)
     return (
         f"warning: ranks {ranks} run fewer micro-batches than pipeline stages: "

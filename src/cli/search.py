@@ -542,10 +542,11 @@ def search_cmd(
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
         # it is opened, and a sink that needs a folder says so (exit 3).
         if debug_dir is not None or debug_sink:
-            for name in debug_sink or ["csv"]:
-                sink = planner.components.debug_sinks.get(name)()
+            sinks = [planner.components.debug_sinks.get(n)() for n in debug_sink or ["csv"]]
+            if debug_dir is not None:
+                _check_debug_dir(debug_dir, sinks, force)
+            for sink in sinks:
                 sink.open(debug_dir)
-                sinks.append(sink)
         progress = _progress()
         try:
             outcome = planner.search(
@@ -594,6 +595,24 @@ def search_cmd(
         line = pctx.recorder.line()
         if line:
             note(line)
+
+
+def _check_debug_dir(directory: Path, sinks: list, force: bool) -> None:
+    """Before the search: the folder is a folder, and the files the sinks name (a sink's
+    ``files``, if it says) are not an earlier run's, unless --force."""
+    if directory.exists() and not directory.is_dir():
+        raise InvalidInputError(
+            f"--debug-dir {directory}: is a file; give a folder (it is created if missing)"
+        )
+    if force:
+        return
+    for sink in sinks:
+        for name in getattr(sink, "files", ()):
+            if (directory / name).exists():
+                raise InvalidInputError(
+                    f"--debug-dir {directory}: holds {name} from an earlier run; pass --force "
+                    "to overwrite it, or give another folder"
+                )
 
 
 def result_json(result: SearchResult) -> dict:

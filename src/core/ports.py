@@ -187,6 +187,9 @@ class DebugSink(Protocol):
     Why a seam: users debugging a surprising ranking want every number, in the
     format their tools read (CSV, JSON lines, a database). Records arrive in the
     search's order, whatever the executor.
+
+    A sink that writes files into the debug folder may list their names in a ``files``
+    attribute; the CLI then refuses to overwrite an earlier run's without ``--force``.
     """
 
     name: str

@@ -80,24 +80,21 @@ class CsvSink(_Buffered):
     """``debug_mem.csv``, ``debug_perf.csv`` and ``debug_refusals.csv`` in the debug folder."""
 
     name = "csv"
+    files = ("debug_mem.csv", "debug_perf.csv", "debug_refusals.csv")
 
     def close(self) -> None:
         assert self.directory is not None
-        replace_atomically(
-            self.directory / "debug_mem.csv", _csv_text(self.memory_rows, self.leading)
-        )
-        replace_atomically(
-            self.directory / "debug_perf.csv", _csv_text(self.time_rows, self.leading)
-        )
-        replace_atomically(
-            self.directory / "debug_refusals.csv", _csv_text(self.refusal_rows, ["reason"])
-        )
+        mem, perf, refusals = self.files
+        replace_atomically(self.directory / mem, _csv_text(self.memory_rows, self.leading))
+        replace_atomically(self.directory / perf, _csv_text(self.time_rows, self.leading))
+        replace_atomically(self.directory / refusals, _csv_text(self.refusal_rows, ["reason"]))
 
 
 class JsonLinesSink(_Buffered):
     """``debug.jsonl``: one record per line, ``{"record": memory|time|refusal, ...}``."""
 
     name = "jsonl"
+    files = ("debug.jsonl",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -120,9 +117,8 @@ class JsonLinesSink(_Buffered):
 
     def close(self) -> None:
         assert self.directory is not None
-        replace_atomically(
-            self.directory / "debug.jsonl", "".join(line + "\n" for line in self.lines)
-        )
+        (name,) = self.files
+        replace_atomically(self.directory / name, "".join(line + "\n" for line in self.lines))
 
 
 class NullSink:
