@@ -197,6 +197,9 @@ def check_layout(
             )
     elif lay.ep > 1:
         raise InvalidInputError(f"ep({lay.ep}) > 1 but the model has no experts; use --ep 1")
+    elif lay.etp is not None and lay.etp != lay.tp:
+        # Without experts an expert TP degree shards nothing; it would be shown, not used.
+        raise InvalidInputError(f"etp({lay.etp}) is set but the model has no experts; drop --etp")
     if lay.zero == 3 and lay.offload_optimizer and lay.pp > 1:
         pass  # allowed: FSDP with offload on a pipeline (rare, but priced)
 

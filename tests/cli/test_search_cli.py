@@ -706,3 +706,25 @@ def test_a_reserve_that_leaves_no_memory_is_invalid_input(
         code, out, err = invoke(capsys, command, *TIGHT[:10], flag, value)  # no --max-mem
         assert code == 3 and out == ""
         assert message in one_error_line(err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--ep", "2"), "ep(2) but the model has no experts; use --ep 1"),
+        (("--etp", "2"), "etp(2) is set but the model has no experts; drop --etp"),
+    ],
+)
+def test_expert_degrees_for_a_dense_model_are_invalid_input(
+    capsys, tmp_path: Path, argv: tuple[str, ...], message: str
+) -> None:
+    """Expert degrees shard nothing in a dense model: search refuses them (as a flag or in
+    --space) as estimate does, instead of reporting no layout or showing an unused etp."""
+    code, out, err = invoke(capsys, "search", *SMALL, *argv)
+    assert code == 3 and out == "" and message in one_error_line(err)
+    space = tmp_path / "space.yaml"
+    space.write_text(f"{argv[0].removeprefix('--')}: [1, 2]\n")
+    code, out, err = invoke(capsys, "search", *SMALL, "--space", str(space))
+    assert code == 3 and out == "" and "the model has no experts" in one_error_line(err)
+    code, out, err = invoke(capsys, "estimate", *SMALL[:10], *argv)
+    assert code == 3 and out == "" and "the model has no experts" in one_error_line(err)
