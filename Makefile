@@ -29,7 +29,7 @@ test: $(STAMP)
 # The property suites on fresh random examples (`make test` draws the same ones every
 # run); FUZZ_RUNS runs, each on a new seed.
 FUZZ_RUNS ?= 4
-FUZZ_TESTS := $(shell grep -l '^from hypothesis' tests/unit/*.py)
+FUZZ_TESTS = $(shell grep -l '^from hypothesis' tests/unit/*.py)
 fuzz: $(STAMP)
 	for run in $$(seq $(FUZZ_RUNS)); do \
 		$(BIN)/python -m pytest -q -p no:cacheprovider --hypothesis-profile explore \

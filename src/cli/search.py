@@ -174,16 +174,6 @@ def build_space(
             )
     if "schedule" not in space and space.get("vpp") != (1,):
         space["schedule"] = ("1f1b", "interleaved")
-    if not is_moe:  # expert degrees shard nothing in a dense model: as estimate refuses them
-        if space.get("ep") is not None and set(space["ep"]) != {1}:
-            raise InvalidInputError(
-                f"ep({'|'.join(map(str, space['ep']))}) but the model has no experts; use --ep 1"
-            )
-        if space.get("etp") is not None:
-            raise InvalidInputError(
-                f"etp({'|'.join(map(str, space['etp']))}) is set but the model has no experts; "
-                "drop --etp"
-            )
     if max_tp is not None:
         space["max_tp"] = max_tp
     elif "max_tp" in file_values:

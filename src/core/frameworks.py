@@ -92,7 +92,7 @@ class FrameworkTraits:
         price something other than what was asked."""
         if field == "cp_kind" and value not in self.cp_kinds:
             kinds = " or ".join(self.cp_kinds)
-            return f"{self.name} has no {value} context parallelism (it offers {kinds}); use cp_kind {self.cp_kinds[0]}"
+            return f"{self.name} has no {value} context parallelism (it offers {kinds}); use cp_kind {self.cp_kind}"
         if field == "activation_offload" and value and not self.activation_offload:
             return (
                 f"{self.name} does not offload activations to host memory (Megatron's "

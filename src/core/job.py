@@ -12,6 +12,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from .assumptions import AssumptionRecorder
 from .base import Frozen, PositiveInt
+from .frameworks import traits_for
 
 Precision = Literal["bf16", "fp16", "fp8", "fp8-blockwise", "mxfp8", "fp4"]
 """Training recipes: bf16/fp16; fp8 with tensor-wise (delayed or current) scaling,
@@ -104,8 +105,6 @@ class Job(Frozen):
     def _offered_by_the_framework(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None:
             return value
-        from .frameworks import traits_for
-
         # An invalid framework is reported on its own field; check against the default.
         framework = info.data.get("framework") or JOB_DEFAULTS["framework"]
         why = traits_for(framework).lacks(info.field_name, value)
@@ -160,8 +159,6 @@ class JobSettings:
         if value is None and name in JOB_DEFAULTS:
             value = self.recorder.default(f"job.{name}", JOB_DEFAULTS[name], self.reader)
         elif value is None and name in FRAMEWORK_DEFAULTED:
-            from .frameworks import traits_for
-
             default = getattr(traits_for(self.framework), name)
             value = self.recorder.default(f"job.{name}", default, f"{self.framework} default")
         # Cache on the instance: later reads skip __getattr__ entirely.

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 
 from .context import PricingContext, StagePlacement, layer_key, placement_key
+from .counting import model_flops_per_step
 from .kernels.knapsack import LayerGroup, StageChoice
 from .layout import Layout
 from .memory import stage_memory
@@ -467,8 +468,6 @@ class Pricer:
         model_flops = getattr(self.cost, "model_flops_per_step", None)
         if model_flops is not None:
             return model_flops(self.ctx)
-        from .counting import model_flops_per_step
-
         tokens = self.ctx.job.global_batch_size * self.ctx.job.seq_length
         return model_flops_per_step(self.ctx.model, tokens, self.ctx.settings.attention_span)
 

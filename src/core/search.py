@@ -208,6 +208,16 @@ def enumerate_candidates(
                 "|".join(map(str, space.tp)),
             )
         )
+    if experts is None:  # expert degrees shard nothing in a dense model: as estimate refuses
+        if space.ep is not None and set(space.ep) != {1}:
+            raise InvalidInputError(
+                f"ep({'|'.join(map(str, space.ep))}) but the model has no experts; use --ep 1"
+            )
+        if space.etp is not None:
+            raise InvalidInputError(
+                f"etp({'|'.join(map(str, space.etp))}) is set but the model has no experts; "
+                "drop --etp"
+            )
     offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
     schedules_allowed = space.schedule
