@@ -50,7 +50,13 @@ from .common import (
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout, table, write_atomic
-from .render import header, plan_report, recompute_lines, unfilled_pipeline_warning
+from .render import (
+    header,
+    near_tie_note,
+    plan_report,
+    recompute_lines,
+    unfilled_pipeline_warning,
+)
 
 SPACE_KEYS = {
     "dp",
@@ -579,6 +585,9 @@ def search_cmd(
             stdout.print(Text(header(pctx), style="bold"))
             stdout.print(ranking_table(result.plans))
             stdout.print(Text(summary_line(result)))
+            tie = near_tie_note(result.plans, pctx.calibration.median_error, top)
+            if tie:
+                stdout.print(Text(tie))
             chosen = result.plans[explain - 1]
             title = "best plan:" if explain == 1 else f"plan {explain}:"
             stdout.print(Text(title, style="bold"))

@@ -139,6 +139,12 @@ class Calibration(Frozen):
         return self.default
 
     @property
+    def median_error(self) -> float | None:
+        """The fit's median |predicted / measured step time - 1| over the runs it was
+        fitted to; None for a calibration that states none."""
+        return self.fit.get("median_abs_error")
+
+    @property
     def tp_slowdown(self) -> float:
         return self.interference if self.tp_interference is None else self.tp_interference
 

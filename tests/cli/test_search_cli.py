@@ -17,7 +17,7 @@ import pytest
 
 from ndplan.cli import output
 from ndplan.cli.app import run
-from ndplan.cli.render import unfilled_pipeline_warning
+from ndplan.cli.render import near_tie_note, unfilled_pipeline_warning
 from ndplan.core.layout import Layout
 from ndplan.core.search import FIELDS, SearchPricing
 from ndplan.planner import Planner
@@ -728,3 +728,49 @@ def test_expert_degrees_for_a_dense_model_are_invalid_input(
     assert code == 3 and out == "" and "the model has no experts" in one_error_line(err)
     code, out, err = invoke(capsys, "estimate", *SMALL[:10], *argv)
     assert code == 3 and out == "" and "the model has no experts" in one_error_line(err)
+
+
+def _ranked(*steps: float) -> list:
+    return [SimpleNamespace(time=SimpleNamespace(step_s=s)) for s in steps]
+
+
+def test_the_near_tie_note_counts_the_ranks_inside_the_median_error() -> None:
+    # 4 % error: 100, 102 and 104 s are a tie, 106 s is not.
+    assert near_tie_note(_ranked(100, 102, 104, 106), 0.04, top=4) == (
+        "ranks 1-3 are within 4.0 % of the best step time, less than the calibration's "
+        "median error on the runs it was fitted to (4.0 %): their order is uncertain; "
+        "weigh memory headroom and simplicity too"
+    )
+    # Every kept plan inside the band: more may follow past -t.
+    assert "all 3 listed plans are within 2.0 %" in near_tie_note(
+        _ranked(100, 101, 102), 0.04, top=3
+    )
+    assert "more may lie beyond -t 3" in near_tie_note(_ranked(100, 101, 102), 0.04, top=3)
+    # Fewer plans fit than -t asked for: nothing lies beyond them.
+    fewer = near_tie_note(_ranked(100, 101), 0.04, top=5)
+    assert fewer.startswith("ranks 1-2 are within 1.0 %") and "beyond" not in fewer
+    # Rank 2 outside the band, one plan, or no stated error: no note.
+    assert near_tie_note(_ranked(100, 105, 105.5), 0.04, top=3) is None
+    assert near_tie_note(_ranked(100), 0.04, top=1) is None
+    assert near_tie_note(_ranked(100, 100.5), None, top=2) is None
+
+
+def test_the_near_tie_note_uses_the_calibrations_fitted_error(capsys, tmp_path: Path) -> None:
+    """The shipped calibration states its median error, and the note follows the table's
+    own step times; a calibration without fit figures prints no note."""
+    data = search_json(capsys, *TIGHT, "--top", "6")
+    median = Planner().calibration(None).median_error
+    assert median is not None and 0 < median < 0.2
+    steps = [p["time"]["step_s"] for p in data["plans"]]
+    close = sum(s <= steps[0] * (1 + median) for s in steps)
+    assert close >= 2  # the case exercises it
+    code, out, err = invoke(capsys, "search", *TIGHT, "--top", "6")
+    assert code == 0, err
+    who = "all 6 listed plans are" if close == 6 else f"ranks 1-{close} are"
+    assert f"{who} within " in out
+    assert f"median error on the runs it was fitted to ({100 * median:.1f} %)" in out
+    bare = tmp_path / "calibration.json"
+    bare.write_text("{}")
+    code, out, err = invoke(capsys, "search", *TIGHT, "--top", "6", "--calibration", str(bare))
+    assert code == 0, err
+    assert "median error" not in out
