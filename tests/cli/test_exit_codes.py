@@ -305,6 +305,22 @@ def _ndplan_command() -> list[str]:
     return [sys.executable, "-c", "from ndplan.cli.app import main; main()"]
 
 
+def test_python_dash_m_is_the_same_command_line() -> None:
+    """``python -m ndplan`` behaves as the ``ndplan`` script: the version, and a bad
+    input's one line and exit 3."""
+    version = subprocess.run(
+        [sys.executable, "-m", "ndplan", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert (version.returncode, version.stdout) == (0, f"ndplan {__version__}\n")
+    argv = ["search", "-m", "no-such-model", "-d", "h100", "-n", "8", "--gbs", "8", "-s", "1024"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "ndplan", *argv], capture_output=True, text=True, timeout=60
+    )
+    assert (bad.returncode, bad.stdout) == (3, "")
+    assert bad.stderr.startswith("ndplan: error: unknown model preset 'no-such-model'")
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_the_console_script_exit_codes() -> None:
     version = subprocess.run(
         [*_ndplan_command(), "--version"], capture_output=True, text=True, timeout=60
