@@ -136,11 +136,38 @@ def plan_report(ctx: PricingContext, plan: Plan, *, show_recompute: bool = True)
     ]
     if plan.time is not None:
         items += [time_table(plan), Text(rates_line(plan))]
+    if not show_recompute:
+        return Group(*items)
     mixed = len({r.option for r in plan.recompute}) > 1  # e.g. none with offloaded layers
-    if show_recompute and plan.recompute and (plan.layout.recompute == "auto" or mixed):
+    if plan.recompute and (plan.layout.recompute == "auto" or mixed):
         items.append(Text("recompute:"))
         items += [Text("  " + line) for line in recompute_lines(plan.recompute)]
+    else:  # the recompute ranges would have shown where the layers are
+        items += [Text(line) for line in placement_section(ctx, plan)]
     return Group(*items)
+
+
+def placement_section(ctx: PricingContext, plan: Plan) -> list[str]:
+    """Which decoder layers each pipeline stage holds (``stage 0: layers 0-4, 20-24 ·
+    embedding``), and where the embedding, the output layer with the loss and an MTP
+    module sit; nothing without a pipeline."""
+    if plan.layout.pp == 1:
+        return []
+    lines = ["layers by stage:"]
+    for stage in ctx.placement(plan.layout):
+        spans = [
+            f"{c.start}" if c.stop - c.start == 1 else f"{c.start}-{c.stop - 1}"
+            for c in stage.chunks
+            if c.stop > c.start
+        ]
+        line = f"  stage {stage.index}: " + ("layers " + ", ".join(spans) if spans else "no layers")
+        extras = (
+            (stage.has_embedding, "embedding"),
+            (stage.has_head, "output layer and loss"),
+            (stage.has_mtp, "MTP"),
+        )
+        lines.append(line + "".join(f" · {name}" for held, name in extras if held))
+    return lines
 
 
 def unfilled_pipeline_warning(plans: Sequence[Plan]) -> str | None:

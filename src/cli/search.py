@@ -53,6 +53,7 @@ from .output import note, print_json, stdout, table, write_atomic
 from .render import (
     header,
     near_tie_note,
+    placement_section,
     plan_report,
     recompute_lines,
     unfilled_pipeline_warning,
@@ -598,6 +599,9 @@ def search_cmd(
                 stdout.print(Text("recompute:"))
                 for line in recompute_lines(chosen.recompute):
                     stdout.print(Text("  " + line))
+            else:  # the recompute ranges would have shown where the layers are
+                for line in placement_section(pctx, chosen):
+                    stdout.print(Text(line))
         warning = unfilled_pipeline_warning(result.plans)
         if warning:
             note(warning)

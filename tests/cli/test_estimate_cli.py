@@ -460,6 +460,34 @@ def test_an_uneven_split_is_printed_chunk_by_chunk(capsys: pytest.CaptureFixture
     assert "layers per chunk" not in out
 
 
+def test_the_layers_each_stage_holds_are_printed_without_recompute_ranges(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With one recompute option everywhere (no ranges to print), each stage lists its
+    layers chunk by chunk, with the embedding on the first and the output layer, the
+    loss and the MTP module on the last; without a pipeline nothing is listed."""
+    argv = ("-m", "llama-3-70b", "-d", "h100", "-n", "64", "--gbs", "128", "-s", "8192")
+    argv += ("--tp", "4", "--cp", "2", "--recompute", "none")
+    code, out, err = invoke(capsys, *argv, "--pp", "4", "--vpp", "5")
+    assert code == 0, err
+    lines = out.splitlines()
+    at = lines.index("layers by stage:")
+    assert lines[at + 1 : at + 5] == [
+        "  stage 0: layers 0-3, 16-19, 32-35, 48-51, 64-67 · embedding",
+        "  stage 1: layers 4-7, 20-23, 36-39, 52-55, 68-71",
+        "  stage 2: layers 8-11, 24-27, 40-43, 56-59, 72-75",
+        "  stage 3: layers 12-15, 28-31, 44-47, 60-63, 76-79 · output layer and loss",
+    ]
+    assert "recompute:" not in lines
+    code, out, err = invoke(capsys, *argv, "--pp", "1", "--dp", "8")
+    assert code == 0, err
+    assert "layers by stage:" not in out
+    dsv3 = ("-m", "deepseek-v3", "-d", "b200", "-n", "256", "--gbs", "4096", "-s", "4096")
+    code, out, err = invoke(capsys, *dsv3, "--pp", "16", "--ep", "8", "--recompute", "full")
+    assert code == 0, err
+    assert "  stage 15: layers 60 · output layer and loss · MTP" in out.splitlines()
+
+
 def test_torchtitan_has_no_tensor_parallelism_without_sp(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

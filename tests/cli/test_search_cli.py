@@ -774,3 +774,24 @@ def test_the_near_tie_note_uses_the_calibrations_fitted_error(capsys, tmp_path: 
     code, out, err = invoke(capsys, "search", *TIGHT, "--top", "6", "--calibration", str(bare))
     assert code == 0, err
     assert "median error" not in out
+
+
+def test_the_best_plans_layers_by_stage_when_it_recomputes_nothing(capsys) -> None:
+    """A best plan with no recompute ranges to show lists the layers of each stage; one
+    whose recompute varies shows them in its recompute ranges instead."""
+    code, out, err = invoke(capsys, "search", *SMALL, "--pp", "2", "--recompute", "none")
+    assert code == 0, err
+    lines = out.splitlines()
+    at = lines.index("layers by stage:")
+    stage0, stage1 = lines[at + 1 : at + 3]
+    assert stage0.startswith("  stage 0: layers ") and stage0.endswith(" · embedding")
+    assert stage1.startswith("  stage 1: layers ") and stage1.endswith(" · output layer and loss")
+    held = []  # every decoder layer on exactly one stage
+    for line in (stage0, stage1):
+        for span in line.split(": layers ")[1].split(" · ")[0].split(", "):
+            first, _, last = span.partition("-")
+            held += range(int(first), int(last or first) + 1)
+    assert sorted(held) == list(range(32))
+    code, out, err = invoke(capsys, "search", *TIGHT, "--pp", "2")
+    assert code == 0, err
+    assert "recompute:" in out.splitlines() and "layers by stage:" not in out
