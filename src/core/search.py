@@ -648,11 +648,20 @@ def search(
             f"global batch {ctx.job.global_batch_size} cannot be split over {ctx.cluster.num_devices} devices by any "
             f"allowed layout; reachable batches near it: {', '.join(map(str, near))}"
         )
-    if enum.generated == 0:
+    if enum.generated == 0 or not (
+        enum.candidates or _degrees_multiply_out(ctx.cluster.num_devices, settings.space)
+    ):
         # Fix: fixed or listed values that no layout satisfies (e.g. --tp 3 on 8 devices, or
         # a ZeRO stage the framework lacks) are invalid input (exit 3), not "no feasible
         # plan" (exit 1, "no layout survived the refusal rules" — no rule had refused any).
+        # The same when rules refused other degrees first (--cp 3 on 64 devices: only the
+        # tp beyond the scale-up domain had been refused, by name).
         raise InvalidInputError(_empty_space_message(ctx, settings.space))
+    if not enum.candidates:
+        # Fix: every layout refused by a rule was "no layout survived the refusal rules;
+        # widen the search space" (exit 1), naming neither rule nor the fix. The space the
+        # user fixed admits no valid layout: invalid input, with the rules that refused.
+        raise InvalidInputError(_all_refused_message(ctx, enum.refused))
     t_enum = time.perf_counter()
 
     def remote(kind: str):
@@ -789,6 +798,35 @@ def _empty_space_message(ctx: PricingContext, space: SearchSpace) -> str:
         f"{' (' + ', '.join(stated) + ')' if stated else ''}: tp·pp·cp·dp must equal the "
         f"device count, dp·mbs must divide the global batch ({ctx.job.global_batch_size}), and "
         f"zero, sp and the schedule must be ones {ctx.framework.name} offers; change a fixed value"
+    )
+
+
+def _degrees_multiply_out(devices: int, space: SearchSpace) -> bool:
+    """Whether some tp·pp·cp·dp = ``devices`` takes only values the space allows (the
+    refusal rules aside)."""
+    for tp in divisors(devices):
+        if not _allowed(space.tp, tp):
+            continue
+        for pp in divisors(devices // tp):
+            if not _allowed(space.pp, pp):
+                continue
+            for cp in divisors(devices // (tp * pp)):
+                if _allowed(space.cp, cp) and _allowed(space.dp, devices // (tp * pp * cp)):
+                    return True
+    return False
+
+
+def _all_refused_message(ctx: PricingContext, refused: Counter) -> str:
+    reasons = ", ".join(f"{name} {count:,}" for name, count in sorted(refused.items()))
+    hint = ""
+    if set(refused) == {"tp_beyond_scale_up_domain"}:
+        hint = (
+            f" (a TP beyond the {ctx.cluster.scale_up_domain}-device scale-up domain "
+            "needs --max-tp)"
+        )
+    return (
+        f"every layout in the search space is refused ({reasons}); relax the fixed values "
+        f"these rules refuse{hint}"
     )
 
 

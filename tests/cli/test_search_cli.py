@@ -795,3 +795,40 @@ def test_the_best_plans_layers_by_stage_when_it_recomputes_nothing(capsys) -> No
     code, out, err = invoke(capsys, "search", *TIGHT, "--pp", "2")
     assert code == 0, err
     assert "recompute:" in out.splitlines() and "layers by stage:" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ("-n", "16", "--gbs", "16", "-s", "2048", "--tp", "16"),
+            "every layout in the search space is refused (tp_beyond_scale_up_domain 1); relax "
+            "the fixed values these rules refuse (a TP beyond the 8-device scale-up domain "
+            "needs --max-tp)",
+        ),
+        (
+            ("-n", "8", "--gbs", "64", "-s", "2047", "--cp", "2"),
+            "every layout in the search space is refused (cp_not_dividing_sequence 6); relax "
+            "the fixed values these rules refuse",
+        ),
+        (
+            ("-n", "64", "--gbs", "64", "-s", "2048", "--pp", "64"),
+            "every layout in the search space is refused (pp_exceeds_layers 1, "
+            "tp_beyond_scale_up_domain 3); relax the fixed values these rules refuse",
+        ),
+        # No tp·pp·cp·dp of 64 has cp 3, though rules refused other degrees first.
+        (
+            ("-n", "64", "--gbs", "64", "-s", "2048", "--cp", "3"),
+            "no layout of 64 devices matches the search space (cp 3, ep 1,",
+        ),
+    ],
+)
+def test_a_space_every_rule_refuses_is_invalid_input_naming_the_rules(
+    capsys, tmp_path: Path, argv, says
+) -> None:
+    csv_out = tmp_path / "ranking.csv"
+    code, out, err = invoke(
+        capsys, "search", "-m", "llama-3-8b", "-d", "h100", *argv, "--ranking-csv", str(csv_out)
+    )
+    assert code == 3 and out == "" and not csv_out.exists()
+    assert one_error_line(err).startswith(f"ndplan: error: {says}")
