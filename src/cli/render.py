@@ -125,7 +125,7 @@ def header(ctx: PricingContext) -> str:
     )
 
 
-def plan_report(ctx: PricingContext, plan: Plan, *, show_recompute: bool = True) -> Group:
+def plan_report(ctx: PricingContext, plan: Plan) -> Group:
     items = [Text(header(ctx), style="bold"), Text("layout: " + layout_line(plan))]
     split = split_line(ctx, plan)
     if split is not None:
@@ -136,15 +136,20 @@ def plan_report(ctx: PricingContext, plan: Plan, *, show_recompute: bool = True)
     ]
     if plan.time is not None:
         items += [time_table(plan), Text(rates_line(plan))]
-    if not show_recompute:
-        return Group(*items)
-    mixed = len({r.option for r in plan.recompute}) > 1  # e.g. none with offloaded layers
-    if plan.recompute and (plan.layout.recompute == "auto" or mixed):
+    if _recompute_ranges_say_more(plan):
         items.append(Text("recompute:"))
         items += [Text("  " + line) for line in recompute_lines(plan.recompute)]
     else:  # the recompute ranges would have shown where the layers are
         items += [Text(line) for line in placement_section(ctx, plan)]
     return Group(*items)
+
+
+def _recompute_ranges_say_more(plan: Plan) -> bool:
+    """Whether the per-layer recompute ranges tell more than the layout line: the options
+    differ between layers (e.g. none with offloaded layers), or the per-layer choice
+    picked one that is not none."""
+    options = {r.option for r in plan.recompute}
+    return len(options) > 1 or (plan.layout.recompute == "auto" and options - {"none"} != set())
 
 
 def placement_section(ctx: PricingContext, plan: Plan) -> list[str]:

@@ -53,9 +53,7 @@ from .output import note, print_json, stdout, table, write_atomic
 from .render import (
     header,
     near_tie_note,
-    placement_section,
     plan_report,
-    recompute_lines,
     unfilled_pipeline_warning,
 )
 
@@ -592,16 +590,7 @@ def search_cmd(
             chosen = result.plans[explain - 1]
             title = "best plan:" if explain == 1 else f"plan {explain}:"
             stdout.print(Text(title, style="bold"))
-            stdout.print(plan_report(pctx, chosen, show_recompute=False))
-            if (chosen.recompute and len({r.option for r in chosen.recompute}) > 1) or (
-                chosen.recompute and chosen.recompute[0].option != "none"
-            ):
-                stdout.print(Text("recompute:"))
-                for line in recompute_lines(chosen.recompute):
-                    stdout.print(Text("  " + line))
-            else:  # the recompute ranges would have shown where the layers are
-                for line in placement_section(pctx, chosen):
-                    stdout.print(Text(line))
+            stdout.print(plan_report(pctx, chosen))
         warning = unfilled_pipeline_warning(result.plans)
         if warning:
             note(warning)
