@@ -149,7 +149,7 @@ def _recompute_ranges_say_more(plan: Plan) -> bool:
     differ between layers (e.g. none with offloaded layers), or the per-layer choice
     picked one that is not none."""
     options = {r.option for r in plan.recompute}
-    return len(options) > 1 or (plan.layout.recompute == "auto" and options - {"none"} != set())
+    return len(options) > 1 or (plan.layout.recompute == "auto" and bool(options - {"none"}))
 
 
 def placement_section(ctx: PricingContext, plan: Plan) -> list[str]:

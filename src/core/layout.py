@@ -120,6 +120,12 @@ class Layout(Frozen):
         )
 
 
+def dense_etp_error(etp: str) -> InvalidInputError:
+    """An expert TP degree on a model without experts: it shards nothing, so it would be
+    shown and never used (``estimate``'s layout and ``search``'s space say the same)."""
+    return InvalidInputError(f"etp({etp}) is set but the model has no experts; drop --etp")
+
+
 def check_layout(
     layout: Layout,
     *,
@@ -199,7 +205,7 @@ def check_layout(
         raise InvalidInputError(f"ep({lay.ep}) > 1 but the model has no experts; use --ep 1")
     elif lay.etp is not None and lay.etp != lay.tp:
         # Without experts an expert TP degree shards nothing; it would be shown, not used.
-        raise InvalidInputError(f"etp({lay.etp}) is set but the model has no experts; drop --etp")
+        raise dense_etp_error(str(lay.etp))
     if lay.zero == 3 and lay.offload_optimizer and lay.pp > 1:
         pass  # allowed: FSDP with offload on a pipeline (rare, but priced)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from .context import PricingContext, mtp_room, mtp_room_splits_evenly
 from .errors import InfeasibleError, InvalidInputError
-from .layout import Layout, SearchSpace
+from .layout import Layout, SearchSpace, dense_etp_error
 from .model import MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
@@ -214,10 +214,7 @@ def enumerate_candidates(
                 f"ep({'|'.join(map(str, space.ep))}) but the model has no experts; use --ep 1"
             )
         if space.etp is not None:
-            raise InvalidInputError(
-                f"etp({'|'.join(map(str, space.etp))}) is set but the model has no experts; "
-                "drop --etp"
-            )
+            raise dense_etp_error("|".join(map(str, space.etp)))
     offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
     schedules_allowed = space.schedule
@@ -409,22 +406,25 @@ def reachable_batches(
     ``dps``: the degrees that passed the tp/pp/cp rules (from the enumeration); without
     them a dp reachable only through a refused tp (e.g. beyond the scale-up domain, or
     not dividing the heads) was offered as a fix that cannot work."""
-    n = ctx.cluster.num_devices
-    if dps is not None:
-        return _near_multiples(near, sorted(set(dps)), count)
-    dps = sorted(
-        {
-            n // (tp * pp * cp)
-            for tp in divisors(n)
-            for pp in divisors(n // tp)
-            for cp in divisors(n // (tp * pp))
-            if _allowed(space.tp, tp)
-            and _allowed(space.pp, pp)
-            and _allowed(space.cp, cp)
-            and _allowed(space.dp, n // (tp * pp * cp))
-        }
-    )
-    return _near_multiples(near, dps, count)
+    if dps is None:
+        dps = space_dps(ctx.cluster.num_devices, space)
+    return _near_multiples(near, sorted(set(dps)), count)
+
+
+def space_dps(devices: int, space: SearchSpace) -> set[int]:
+    """The data-parallel degrees of every tp·pp·cp·dp = ``devices`` that takes only values
+    the space allows (the refusal rules aside); empty when the fixed degrees multiply
+    out to no layout of ``devices``."""
+    return {
+        devices // (tp * pp * cp)
+        for tp in divisors(devices)
+        for pp in divisors(devices // tp)
+        for cp in divisors(devices // (tp * pp))
+        if _allowed(space.tp, tp)
+        and _allowed(space.pp, pp)
+        and _allowed(space.cp, cp)
+        and _allowed(space.dp, devices // (tp * pp * cp))
+    }
 
 
 def _near_multiples(near: int, dps: list[int], count: int) -> list[int]:
@@ -649,7 +649,7 @@ def search(
             f"allowed layout; reachable batches near it: {', '.join(map(str, near))}"
         )
     if enum.generated == 0 or not (
-        enum.candidates or _degrees_multiply_out(ctx.cluster.num_devices, settings.space)
+        enum.candidates or space_dps(ctx.cluster.num_devices, settings.space)
     ):
         # Fix: fixed or listed values that no layout satisfies (e.g. --tp 3 on 8 devices, or
         # a ZeRO stage the framework lacks) are invalid input (exit 3), not "no feasible
@@ -799,21 +799,6 @@ def _empty_space_message(ctx: PricingContext, space: SearchSpace) -> str:
         f"device count, dp·mbs must divide the global batch ({ctx.job.global_batch_size}), and "
         f"zero, sp and the schedule must be ones {ctx.framework.name} offers; change a fixed value"
     )
-
-
-def _degrees_multiply_out(devices: int, space: SearchSpace) -> bool:
-    """Whether some tp·pp·cp·dp = ``devices`` takes only values the space allows (the
-    refusal rules aside)."""
-    for tp in divisors(devices):
-        if not _allowed(space.tp, tp):
-            continue
-        for pp in divisors(devices // tp):
-            if not _allowed(space.pp, pp):
-                continue
-            for cp in divisors(devices // (tp * pp)):
-                if _allowed(space.cp, cp) and _allowed(space.dp, devices // (tp * pp * cp)):
-                    return True
-    return False
 
 
 def _all_refused_message(ctx: PricingContext, refused: Counter) -> str:
