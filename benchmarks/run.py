@@ -21,7 +21,8 @@ def knapsack_markdown(f: dict) -> str:
             "## Recompute knapsack",
             "",
             f"A binding stage of {int(f['layers'])} layers (two kinds, 6–8 options each), an 80 GiB budget at 1 MiB "
-            f"buckets ({int(f['buckets']):,} buckets); medians of warm runs in one process.",
+            f"buckets ({int(f['buckets']):,} buckets: the reference's dense table; the kernel's `choose` keeps only the "
+            "entries faster than every lighter one); medians of warm runs in one process.",
             "",
             "| measurement | time | ratio |",
             "|---|---|---|",
