@@ -979,14 +979,11 @@ class NdplanCostModel:
         """
         ov = self.overlap(ctx)
         m = layout.num_microbatches
-        roles = {}
-        for stage in stages:
-            roles.setdefault(stage.role[:4], stage)
-        scatter_max = gather_max = opt = 0.0
-        for stage in roles.values():
+        roles = self._distinct_roles(stages)
+        scatter_max = gather_max = 0.0
+        opt = self._optimizer_step_s(ctx, layout, roles)
+        for stage in roles:
             gather, scatter = self._dp_volumes(ctx, layout, stage)
-            dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
-            opt = max(opt, self._optimizer_s(ctx, layout, dense, expert))
             if layout.zero == 0:
                 scatter = 2 * scatter  # an all-reduce moves twice a reduce-scatter's bytes
                 gather = 0.0
@@ -1003,6 +1000,32 @@ class NdplanCostModel:
         )
         hidden = scatter_max + gather_max - exposed
         return exposed + self._calibration(ctx).interference * hidden, opt
+
+    @staticmethod
+    def _distinct_roles(stages: Sequence[StagePlacement]) -> list[StagePlacement]:
+        """One stage per role: stages with one role hold the same parameters and volumes."""
+        roles: dict[tuple, StagePlacement] = {}
+        for stage in stages:
+            roles.setdefault(stage.role[:4], stage)
+        return list(roles.values())
+
+    def _optimizer_step_s(
+        self, ctx: PricingContext, layout: Layout, roles: Sequence[StagePlacement]
+    ) -> float:
+        """The optimizer step: the slowest stage's update."""
+        opt = 0.0
+        for stage in roles:
+            dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
+            opt = max(opt, self._optimizer_s(ctx, layout, dense, expert))
+        return opt
+
+    def fixed_step_seconds(
+        self, ctx: PricingContext, layout: Layout, stages: Sequence[StagePlacement]
+    ) -> float:
+        """What a step spends besides its stages' micro-batches, the communication they
+        hide and the fixed overhead, whatever those take: the optimizer step. ``step``
+        adds it as is, so the search adds it to its lower bounds."""
+        return self._optimizer_step_s(ctx, layout, self._distinct_roles(stages))
 
     def _optimizer_s(
         self, ctx: PricingContext, layout: Layout, dense: float, expert: float

@@ -60,6 +60,11 @@ class CostModel(Protocol):
     Why a seam: efficiency and overlap differ by device, kernel library and
     framework; a user's calibrated or profiled model replaces the analytic one
     without touching the search. Pure: no I/O.
+
+    Optional: ``fixed_step_seconds(ctx, layout, stages) -> float``, seconds ``step``
+    adds whatever the stages take (the built-in model: the optimizer step). The search
+    adds it to its lower bounds, so it skips more layouts unpriced; without it the
+    bounds leave it out.
     """
 
     name: str

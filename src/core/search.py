@@ -6,9 +6,9 @@ Order of work:
    over the budget → dropped; and a lower bound on the step time (every layer at
    its fastest option, plus the least recompute time that saves what that overflows);
 3. candidates sorted by bound; priced (recompute knapsack per stage, then the time
-   model) in fixed-size batches, stopping once the K-th best beats the next bound
-   — the rest are ``bounded``. Batches are fixed, so the set of priced candidates
-   does not depend on the executor or its worker count;
+   model) in batches, stopping once the K-th best beats the next bound — the rest are
+   ``bounded``. Batches are decided by the bounds alone, so the set of priced
+   candidates does not depend on the executor or its worker count;
 4. ranked by step time, then peak memory, then a fixed order of the degrees.
 
 Pricing goes through the Executor port with plain items (positions and tuples of
@@ -41,12 +41,13 @@ from .units import GiB
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
 RECOMPUTES = ("none", "selective", "full", "auto")
 BATCH = 16
-"""Candidates priced per batch between bound checks (fixed: results must not depend on workers;
-larger without bounding, where the batches cannot change what is priced). Small, because a
-search's top K is usually settled a few dozen candidates in: 64 priced 128 candidates where
-48 settle it (Llama-3-70B on 1,024 H100); the pool gains little on so few anyway."""
+"""At most this many candidates priced per batch between bound checks (larger without
+bounding, where the batches cannot change what is priced). Small, because a search's top K
+is usually settled a few dozen candidates in: batches of 64 priced 128 candidates where 48
+settle it (Llama-3-70B on 1,024 H100); the pool gains little on so few anyway."""
 SCREEN_BATCH = 64
-"""Candidates whose memory and exact bound are computed per batch (fixed, likewise)."""
+"""At most this many candidates get their fixed step seconds, or their memory and exact
+bound, per batch."""
 
 # Candidate tuple layout (plain, picklable, hashable).
 FIELDS = (
@@ -502,6 +503,17 @@ class SearchPricing:
             return (m - 1 / vpp) * w / pp + w / vpp + overhead
         return m * w / pp + overhead
 
+    def floor_bound(self, c: Candidate, quick: float) -> float:
+        """The quick bound plus what the cost model says every step adds whatever its
+        stages take (its optional ``fixed_step_seconds``: the optimizer step), still a
+        lower bound; computed only for candidates the quick bound could not rule out."""
+        fixed = getattr(self.pricer.cost, "fixed_step_seconds", None)
+        if fixed is None:
+            return quick
+        ctx = self.pricer.ctx
+        layout = candidate_layout(c, ctx.model.num_layers)
+        return quick + fixed(ctx, layout, ctx.placement(layout))
+
     def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
         """Memory at full recompute, and the lower bound on time (``auto``: all layers at
         their fastest, plus the least recompute time that saves their overflow)."""
@@ -674,10 +686,11 @@ def search(
 
     candidates = enum.candidates
     # Best-first with lazily refined bounds: a cheap bound for every candidate orders the
-    # work; the memory check and the exact bound (every layer at its fastest option) are
-    # computed in fixed-size batches in that order, and candidates are priced exactly in
-    # order of the exact bound. Work stops once the K-th best plan beats every bound left.
-    # Batches are fixed by the bounds alone, so the result does not depend on executors.
+    # work; in that order, fixed-size batches get the cost model's fixed step seconds
+    # added (floor_bound), then in the order of that, the memory check and the exact bound
+    # (every layer at its fastest option), and candidates are priced exactly in order of
+    # the exact bound. Work stops once the K-th best plan beats every bound left. Batches
+    # are decided by the bounds alone, so the result does not depend on executors.
     quick = [pricing.quick_bound(c) for c in candidates]
     order = sorted(range(len(candidates)), key=lambda i: (quick[i], tie_key(candidates[i])))
     t_screen = time.perf_counter()
@@ -687,23 +700,35 @@ def search(
     # for its slowest worker at a batch boundary, and still moves the progress bar.
     screen_batch = SCREEN_BATCH if settings.bounding else max(SCREEN_BATCH, len(order) // 16)
     price_batch = BATCH if settings.bounding else max(BATCH, len(order) // 16)
-    heap: list[tuple[float, tuple[int, ...], int]] = []
+    floors: list[tuple[float, tuple[int, ...], int]] = []  # quick bound + fixed step seconds
+    heap: list[tuple[float, tuple[int, ...], int]] = []  # the exact bound, once screened
     results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
     kth = math.inf
     over_memory = 0
     closest: tuple[int, int, Candidate] | None = None
     pos = 0
     priced_count = 0
-    t_memory = 0.0
-    while pos < len(order) or heap:
+    t_memory = t_floor = 0.0
+    while pos < len(order) or floors or heap:
         next_quick = quick[order[pos]] if pos < len(order) else math.inf
+        next_floor = floors[0][0] if floors else math.inf
         next_exact = heap[0][0] if heap else math.inf
-        if settings.bounding and kth < min(next_quick, next_exact):
+        if settings.bounding and kth < min(next_quick, next_floor, next_exact):
             break
-        if next_quick <= next_exact:
+        if next_quick <= min(next_floor, next_exact):
+            # Refine the next quick bounds in this process (cheap; no executor involved).
             tick = time.perf_counter()
             batch = order[pos : pos + screen_batch]
             pos += len(batch)
+            for i in batch:
+                c = candidates[i]
+                bound = pricing.floor_bound(c, quick[i]) if settings.bounding else quick[i]
+                heapq.heappush(floors, (bound, tie_key(c), i))
+            t_floor += time.perf_counter() - tick
+            continue
+        if next_floor <= next_exact:
+            tick = time.perf_counter()
+            batch = _pop_batch(floors, screen_batch, min(next_quick, next_exact), settings)
             screened = run_phase(
                 ctx,
                 executor,
@@ -727,7 +752,7 @@ def search(
                     closest = (s.miss_bytes, s.miss_stage, candidates[i])
             t_memory += time.perf_counter() - tick
             continue
-        batch_entries = [heapq.heappop(heap) for _ in range(min(price_batch, len(heap)))]
+        batch_entries = _pop_batch(heap, price_batch, min(next_quick, next_floor), settings, True)
         items = [candidates[i] for _, _, i in batch_entries]
         priced = run_phase(ctx, executor, task, recipe, "price", items, remote("price"))
         priced_count += len(items)
@@ -743,7 +768,9 @@ def search(
             kth = results[k - 1][0]
         if hooks.progress is not None:
             hooks.progress("price", pos, len(order))
-    unexamined = [i for i in order[pos:]] + [i for _, _, i in sorted(heap)]
+    unexamined = (
+        list(order[pos:]) + [i for _, _, i in sorted(floors)] + [i for _, _, i in sorted(heap)]
+    )
     bounded = len(unexamined)
     if hooks.refusal is not None:
         for i in unexamined:
@@ -765,9 +792,9 @@ def search(
         priced=priced_count,
         seconds=PhaseTimes(
             enumerate=t_enum - t0,
-            bound=t_screen - t_enum,
+            bound=t_screen - t_enum + t_floor,
             memory=t_memory,
-            price=t_end - t_screen - t_memory,
+            price=t_end - t_screen - t_memory - t_floor,
             total=t_end - t0,
         ),
     )
@@ -786,6 +813,23 @@ class SearchOutcome:
 
     result: SearchResult
     ranking: tuple[tuple[dict[str, Any], Priced], ...]
+
+
+def _pop_batch(
+    heap: list[tuple[float, tuple[int, ...], int]],
+    size: int,
+    limit: float,
+    settings: SearchSettings,
+    entries: bool = False,
+) -> list:
+    """Up to ``size`` entries off the heap, least bound first; when bounding, only the
+    least and those bounded no later than ``limit`` (the next bound of the other queues).
+    A fixed-size batch went past it: it screened or priced candidates whose bounds the
+    K-th best would have ruled out once known. Still decided by the bounds alone."""
+    out = [heapq.heappop(heap)]
+    while heap and len(out) < size and (not settings.bounding or heap[0][0] <= limit):
+        out.append(heapq.heappop(heap))
+    return out if entries else [i for _, _, i in out]
 
 
 def _empty_space_message(ctx: PricingContext, space: SearchSpace) -> str:

@@ -347,12 +347,13 @@ def test_each_refusal_is_counted_under_its_name_and_means_what_it_says(
 # ----------------------------------------------------------------------------- bounds
 
 
-@pytest.mark.parametrize("zero", [1, 3])
+@pytest.mark.parametrize("zero", [0, 1, 3])
 def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
-    """Bounding is only exact if the cheap bound ≤ the exact bound ≤ the step time for
-    every candidate, every schedule (1F1B/GPipe and interleaved/DualPipeV formulas).
-    Where every layer at its fastest overflows, the exact bound claims the least
-    recompute time that saves the excess, and rises above the all-fastest step."""
+    """Bounding is only exact if the cheap bound ≤ the cheap bound plus the fixed step
+    seconds ≤ the exact bound ≤ the step time for every candidate, every schedule
+    (1F1B/GPipe and interleaved/DualPipeV formulas). Where every layer at its fastest
+    overflows, the exact bound claims the least recompute time that saves the excess,
+    and rises above the all-fastest step."""
     ctx, opts = make_ctx(planner, "llama-3-8b", 8, 32, 4096, max_mem=30)
     space = SearchSpace(
         recompute=("auto", "full"),
@@ -360,7 +361,7 @@ def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
         offload_optimizer=(False,),
         schedule=tuple(ctx.framework.schedules),
     )
-    outcome = planner.search(ctx, space, top_k=5, options=opts, bounding=False)
+    outcome = planner.search(ctx, space, top_k=5, options=opts, bounding=False, collect_parts=True)
     assert outcome.result.summary.bounded == 0
     seen = Counter()
     fresh, _ = make_ctx(planner, "llama-3-8b", 8, 32, 4096, max_mem=30)
@@ -368,10 +369,13 @@ def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
     for d, priced in outcome.ranking:
         c = as_candidate(d)
         quick = pricing.quick_bound(c)
+        floor = pricing.floor_bound(c, quick)
         (screened,) = pricing.screen([c])
         assert screened.fits
         tol = 1e-12 * priced.step_s
-        assert quick <= screened.bound_s + tol, (d, quick, screened.bound_s)
+        assert quick < floor <= screened.bound_s + tol, (d, quick, floor, screened.bound_s)
+        # The floor adds exactly the optimizer step that the step itself charges.
+        assert floor - quick == pytest.approx(priced.time_parts["optimizer"], rel=1e-9)
         assert screened.bound_s <= priced.step_s + tol, (d, screened.bound_s, priced.step_s)
         seen[d["schedule"]] += 1
         if d["recompute"] == "auto":
