@@ -583,13 +583,27 @@ def run_phase(
         return []
     if executor is None or task is None:
         return local(items)
+    # Workers keep their own caches, so candidates that share a layer's costs and fronts
+    # go out side by side (the executor hands out contiguous chunks); the values come
+    # back in the given order, so nothing downstream sees the difference.
+    sent = sorted(range(len(items)), key=lambda j: _cache_locality(items[j]))
     values: list[Any] = []
-    for chunk_values, assumptions in executor.map(task, (recipe, phase), items):
+    for chunk_values, assumptions in executor.map(task, (recipe, phase), [items[j] for j in sent]):
         values.extend(chunk_values)
         ctx.recorder.merge(assumptions)
     if len(values) != len(items):
         raise RuntimeError(f"executor returned {len(values)} results for {len(items)} items")
-    return values
+    ordered: list[Any] = [None] * len(items)
+    for j, value in zip(sent, values, strict=True):
+        ordered[j] = value
+    return ordered
+
+
+def _cache_locality(c: Candidate) -> tuple[int, ...]:
+    """The degrees a layer's costs and fronts depend on first (tp, cp, sp, ep, etp, mbs),
+    then a stage's (pp, vpp, schedule, split), then the rest."""
+    tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched, split = c
+    return (tp, cp, sp, ep, etp, mbs, pp, vpp, sched, split, zero, offload, m, dp, rec)
 
 
 # ----------------------------------------------------------------------------- the search
