@@ -742,7 +742,10 @@ def search(
             continue
         if next_floor <= next_exact:
             tick = time.perf_counter()
-            batch = _pop_batch(floors, screen_batch, min(next_quick, next_exact), settings)
+            popped = _pop_batch(
+                floors, screen_batch, min(next_quick, next_exact), settings.bounding
+            )
+            batch = [i for _, _, i in popped]
             screened = run_phase(
                 ctx,
                 executor,
@@ -766,7 +769,9 @@ def search(
                     closest = (s.miss_bytes, s.miss_stage, candidates[i])
             t_memory += time.perf_counter() - tick
             continue
-        batch_entries = _pop_batch(heap, price_batch, min(next_quick, next_floor), settings, True)
+        batch_entries = _pop_batch(
+            heap, price_batch, min(next_quick, next_floor), settings.bounding
+        )
         items = [candidates[i] for _, _, i in batch_entries]
         priced = run_phase(ctx, executor, task, recipe, "price", items, remote("price"))
         priced_count += len(items)
@@ -830,20 +835,16 @@ class SearchOutcome:
 
 
 def _pop_batch(
-    heap: list[tuple[float, tuple[int, ...], int]],
-    size: int,
-    limit: float,
-    settings: SearchSettings,
-    entries: bool = False,
-) -> list:
+    heap: list[tuple[float, tuple[int, ...], int]], size: int, limit: float, bounding: bool
+) -> list[tuple[float, tuple[int, ...], int]]:
     """Up to ``size`` entries off the heap, least bound first; when bounding, only the
     least and those bounded no later than ``limit`` (the next bound of the other queues).
     A fixed-size batch went past it: it screened or priced candidates whose bounds the
     K-th best would have ruled out once known. Still decided by the bounds alone."""
     out = [heapq.heappop(heap)]
-    while heap and len(out) < size and (not settings.bounding or heap[0][0] <= limit):
+    while heap and len(out) < size and (not bounding or heap[0][0] <= limit):
         out.append(heapq.heappop(heap))
-    return out if entries else [i for _, _, i in out]
+    return out
 
 
 def _empty_space_message(ctx: PricingContext, space: SearchSpace) -> str:
