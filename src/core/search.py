@@ -2,9 +2,11 @@
 
 Order of work:
 1. the loop nest over divisors, each refusal counted under a named reason;
-2. per candidate, memory with every layer fully recomputed (the lightest option):
-   over the budget → dropped; and a lower bound on the step time (every layer at
-   its fastest option, plus the least recompute time that saves what that overflows);
+2. a cheap lower bound on the step time orders every candidate; in that order it gets
+   the cost model's fixed step seconds (the optimizer step) added, and in the order of
+   that, memory with every layer fully recomputed (the lightest option): over the
+   budget → dropped; and the exact bound (every layer at its fastest option, plus the
+   least recompute time that saves what that overflows);
 3. candidates sorted by bound; priced (recompute knapsack per stage, then the time
    model) in batches, stopping once the K-th best beats the next bound — the rest are
    ``bounded``. Batches are decided by the bounds alone, so the set of priced
@@ -485,8 +487,8 @@ class SearchPricing:
         sum; it grows with t_max (m ≥ 1 ≥ 1/vpp) and with S, and ``S ≥ W``,
         ``t_max ≥ S/pp``. Leaving out the drain term (``m·W/pp``) made the bound so loose
         that most screened layouts were interleaved ones that could never rank."""
-        tp, pp, cp, _dp, ep, etp, vpp, mbs, m, _zero, sp, _offload, _rec, sched, _split = c
-        key = ("quick", tp, cp, sp and tp > 1, ep, etp, mbs, sched == 3)
+        _tp, pp, _cp, _dp, _ep, _etp, vpp, _mbs, m, _zero, _sp, _offload, _rec, sched, _ = c
+        key = ("quick", *candidate_layer_key(c))
         ctx = self.pricer.ctx
         w = ctx.cache.get(key)
         if w is None:
@@ -599,11 +601,18 @@ def run_phase(
     return ordered
 
 
-def _cache_locality(c: Candidate) -> tuple[int, ...]:
-    """The degrees a layer's costs and fronts depend on first (tp, cp, sp, ep, etp, mbs),
-    then a stage's (pp, vpp, schedule, split), then the rest."""
-    tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched, split = c
-    return (tp, cp, sp, ep, etp, mbs, pp, vpp, sched, split, zero, offload, m, dp, rec)
+def candidate_layer_key(c: Candidate) -> tuple:
+    """``context.layer_key`` of the candidate's layout, from its tuple: the degrees one
+    layer's time and recompute options depend on."""
+    tp, _pp, cp, _dp, ep, etp, _vpp, mbs, _m, _zero, sp, _offload, _rec, sched, _split = c
+    return (tp, cp, bool(sp and tp > 1), ep, etp, mbs, sched == 3)
+
+
+def _cache_locality(c: Candidate) -> tuple:
+    """The degrees a layer's costs and fronts depend on first, then a stage's (pp, vpp,
+    schedule, split), then the rest."""
+    _tp, pp, _cp, dp, _ep, _etp, vpp, _mbs, m, zero, _sp, offload, rec, sched, split = c
+    return (*candidate_layer_key(c), pp, vpp, sched, split, zero, offload, m, dp, rec)
 
 
 # ----------------------------------------------------------------------------- the search
