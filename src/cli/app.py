@@ -8,6 +8,7 @@ for malformed flags), 3 invalid input, 4 plugin error, 5 internal error,
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import traceback
@@ -179,4 +180,16 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    sys.exit(run())
+    """The ``ndplan`` process: one command, then exit.
+
+    Python's cyclic garbage collector stays off for the process. Its passes walk every
+    live object (numba's type registries alone hold hundreds of thousands, and a
+    search's caches as many again) and free next to nothing: a search allocates no
+    reference cycles (see ``collector_paused``). Llama-3-70B on 1,024 H100: 1 s of a
+    4 s command went to them, 0.5 s of it at interpreter shutdown, which
+    ``gc.freeze`` spares; an 18-scenario sweep peaks at the same memory either way.
+    """
+    gc.disable()
+    code = run()
+    gc.freeze()
+    sys.exit(code)

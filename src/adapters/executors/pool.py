@@ -22,6 +22,7 @@ and exit by themselves when the main process's end of the pipe closes.
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import multiprocessing
 import os
@@ -122,7 +123,19 @@ def _warm(plugins: tuple[str, ...]) -> None:
 
 
 def worker_main(conn: Connection, plugins: tuple[str, ...]) -> None:
-    """One worker: receive recipes and chunks, send back (status, index, value)."""
+    """One worker: receive recipes and chunks, send back (status, index, value).
+
+    The cyclic garbage collector stays off, as in the ``ndplan`` process (see
+    ``cli.app.main``): pricing makes no reference cycles, and the collector's passes
+    over the worker's growing caches, after every chunk and at exit, were pure cost."""
+    gc.disable()
+    try:
+        _serve(conn, plugins)
+    finally:
+        gc.freeze()  # the worker is ending: spare its shutdown a pass over every object
+
+
+def _serve(conn: Connection, plugins: tuple[str, ...]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _silence()
     _warm(plugins)
