@@ -328,9 +328,11 @@ class Pricer:
         # instead, for less.
         kept = layout.model_copy(update={"recompute": "none"})
         stages = self.ctx.placement(kept)
-        fastest = self._price_fixed(kept, stages, self._static_totals(kept, stages), frozenset())
+        totals = self._static_totals(kept, stages)
+        # Timed below: the step of the fastest stages is needed only when it is the bound.
+        fastest = self._price_fixed(kept, stages, totals, frozenset(), with_time=False)
         if fastest.fits or layout.zero >= 3:
-            return fastest.time.step_s
+            return self.cost.step(self.ctx, kept, stages, fastest.stage_seconds).step_s
         budget = self.ctx.budget_bytes
         seconds = []
         for stage, static, act, secs in zip(

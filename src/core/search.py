@@ -50,6 +50,8 @@ settle it (Llama-3-70B on 1,024 H100); the pool gains little on so few anyway.""
 SCREEN_BATCH = 64
 """At most this many candidates get their fixed step seconds, or their memory and exact
 bound, per batch."""
+FLOORED_KEPT = 4096
+"""Layouts kept from the fixed step seconds for the screen (a few MB)."""
 
 # Candidate tuple layout (plain, picklable, hashable).
 FIELDS = (
@@ -476,6 +478,10 @@ class SearchPricing:
     def __init__(self, pricer: Pricer, debug: bool = False) -> None:
         self.pricer = pricer
         self.debug = debug
+        # Layouts built for the fixed step seconds, handed on to the screen (when both
+        # run in this process), which would build the same ones again; the oldest go
+        # first past FLOORED_KEPT (under a pool, the screen runs elsewhere).
+        self._floored: dict[Candidate, Layout] = {}
 
     def quick_bound(self, c: Candidate) -> float:
         """A cheap lower bound on the step time: every decoder layer at its fastest option,
@@ -487,23 +493,42 @@ class SearchPricing:
         sum; it grows with t_max (m ≥ 1 ≥ 1/vpp) and with S, and ``S ≥ W``,
         ``t_max ≥ S/pp``. Leaving out the drain term (``m·W/pp``) made the bound so loose
         that most screened layouts were interleaved ones that could never rank."""
-        _tp, pp, _cp, _dp, _ep, _etp, vpp, _mbs, m, _zero, _sp, _offload, _rec, sched, _ = c
-        key = ("quick", *candidate_layer_key(c))
+        return self.quick_bounds((c,))[0]
+
+    def quick_bounds(self, candidates: Sequence[Candidate]) -> list[float]:
+        """``quick_bound`` of each candidate (the search asks for every one it generated:
+        tens of thousands), W looked up once per distinct layer key."""
         ctx = self.pricer.ctx
+        overhead = ctx.calibration.step_overhead_s
+        walls: dict[tuple, float] = {}
+        out = []
+        for c in candidates:
+            _tp, pp, _cp, _dp, _ep, _etp, vpp, _mbs, m, _zero, _sp, _offload, _rec, sched, _ = c
+            key = candidate_layer_key(c)
+            w = walls.get(key)
+            if w is None:
+                w = walls[key] = self._layers_seconds(c, key)
+            if sched in (0, 2):  # 1f1b, gpipe
+                out.append(w * (1 + (m - 1) / pp) + overhead)
+            elif sched == 1:  # interleaved
+                out.append((m - 1 / vpp) * w / pp + w / vpp + overhead)
+            else:
+                out.append(m * w / pp + overhead)
+        return out
+
+    def _layers_seconds(self, c: Candidate, layer_key: tuple) -> float:
+        """W: one micro-batch through every decoder layer, each at its fastest option."""
+        ctx = self.pricer.ctx
+        key = ("quick", *layer_key)
         w = ctx.cache.get(key)
         if w is None:
-            layout = candidate_layout(c, self.pricer.ctx.model.num_layers)
+            layout = candidate_layout(c, ctx.model.num_layers)
             cost = self.pricer.cost
             w = 0.0
             for kind, count in ctx.model.kind_counts():
                 w += count * sum(cost.layer_seconds(ctx, layout, kind, frozenset()).values())
             ctx.cache[key] = w
-        overhead = self.pricer.ctx.calibration.step_overhead_s
-        if sched in (0, 2):  # 1f1b, gpipe
-            return w * (1 + (m - 1) / pp) + overhead
-        if sched == 1:  # interleaved
-            return (m - 1 / vpp) * w / pp + w / vpp + overhead
-        return m * w / pp + overhead
+        return w
 
     def floor_bound(self, c: Candidate, quick: float) -> float:
         """The quick bound plus what the cost model says every step adds whatever its
@@ -513,7 +538,10 @@ class SearchPricing:
         if fixed is None:
             return quick
         ctx = self.pricer.ctx
-        layout = candidate_layout(c, ctx.model.num_layers)
+        floored = self._floored
+        if len(floored) >= FLOORED_KEPT:
+            del floored[next(iter(floored))]
+        layout = floored[c] = candidate_layout(c, ctx.model.num_layers)
         return quick + fixed(ctx, layout, ctx.placement(layout))
 
     def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
@@ -521,8 +549,9 @@ class SearchPricing:
         their fastest, plus the least recompute time that saves their overflow)."""
         out = []
         pricer = self.pricer
+        floored = self._floored
         for c in candidates:
-            layout = candidate_layout(c, self.pricer.ctx.model.num_layers)
+            layout = floored.pop(c, None) or candidate_layout(c, pricer.ctx.model.num_layers)
             miss = pricer.lightest_miss(layout)
             # Fix: the shortcut reports the overflow at full recompute; a fixed policy is
             # priced below as stated, so its overflow (and the closest-miss line) matches
@@ -714,8 +743,10 @@ def search(
     # (every layer at its fastest option), and candidates are priced exactly in order of
     # the exact bound. Work stops once the K-th best plan beats every bound left. Batches
     # are decided by the bounds alone, so the result does not depend on executors.
-    quick = [pricing.quick_bound(c) for c in candidates]
-    order = sorted(range(len(candidates)), key=lambda i: (quick[i], tie_key(candidates[i])))
+    quick = pricing.quick_bounds(candidates)
+    order_keys = [(q, tie_key(c)) for q, c in zip(quick, candidates, strict=True)]
+    order = sorted(range(len(candidates)), key=order_keys.__getitem__)
+    del order_keys
     t_screen = time.perf_counter()
     k = settings.top_k
     # Without bounding every candidate is screened and priced, so nothing depends on where

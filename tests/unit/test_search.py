@@ -390,6 +390,43 @@ def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
     assert (seen["raised"] > 0) == (zero < 3)
 
 
+def test_quick_bounds_of_a_batch_are_each_candidates_own(planner) -> None:
+    """The batch form, which looks a layer sum up once per layer key, gives every
+    candidate the very float the one-candidate form gives, in order."""
+    ctx, opts = make_ctx(planner, "llama-3-8b", 16, 64, 4096)
+    candidates = core_search.enumerate_candidates(ctx, SearchSpace(), ()).candidates
+    assert len(candidates) > 100
+    batch = SearchPricing(planner.pricer(ctx, opts)).quick_bounds(candidates)
+    fresh, _ = make_ctx(planner, "llama-3-8b", 16, 64, 4096)
+    one = SearchPricing(planner.pricer(fresh, opts))
+    assert batch == [one.quick_bound(c) for c in candidates]
+
+
+def test_a_quick_bound_failure_names_its_candidate(planner) -> None:
+    """The bound pass prices every candidate's layers in the main process; a cost model
+    that raises there is named with the candidate, as in the screen and the pricing."""
+    from ndplan.adapters.executors.faults import GuardedPricing, describe_candidate
+    from ndplan.core.errors import InternalError
+    from ndplan.core.pricing import Pricer
+
+    ctx, opts = make_ctx(planner, "llama-3-8b", 16, 64, 4096)
+    pricer = planner.pricer(ctx, opts)
+
+    class Raising(type(pricer.cost)):
+        def layer_seconds(self, ctx, layout, kind, recompute):
+            if layout.tp == 4 and layout.cp == 2:
+                raise ValueError("no tp 4 with cp 2")
+            return super().layer_seconds(ctx, layout, kind, recompute)
+
+    pricer = Pricer(ctx, pricer.memory, Raising(ctx.calibration), pricer.solver)
+    candidates = core_search.enumerate_candidates(ctx, SearchSpace(), ()).candidates
+    first = next(c for c in candidates if c[0] == 4 and c[2] == 2)
+    with pytest.raises(InternalError) as caught:
+        GuardedPricing(SearchPricing(pricer)).quick_bounds(candidates)
+    assert str(caught.value).startswith(f"candidate {describe_candidate(first)}: internal error")
+    assert "ValueError: no tp 4 with cp 2" in str(caught.value)
+
+
 # ----------------------------------------------------------------------------- accounting
 
 ACCOUNTING = [

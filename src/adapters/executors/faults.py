@@ -98,9 +98,26 @@ class GuardedPricing(SearchPricing):
         super().__init__(pricing.pricer, debug=pricing.debug)
         self.plugins = tuple(plugins)
 
-    def quick_bound(self, c: Candidate) -> float:
+    def quick_bounds(self, candidates):
         try:
-            return super().quick_bound(c)
+            return super().quick_bounds(candidates)
+        except NdplanError:
+            raise
+        except Exception:
+            pass
+        out: list[float] = []
+        for c in candidates:  # once more one at a time, to name the candidate that fails
+            try:
+                out.extend(super().quick_bounds((c,)))
+            except NdplanError:
+                raise
+            except Exception as exc:
+                raise classify(exc, f"candidate {describe_candidate(c)}", self.plugins) from exc
+        return out
+
+    def floor_bound(self, c: Candidate, quick: float) -> float:
+        try:
+            return super().floor_bound(c, quick)
         except NdplanError:
             raise
         except Exception as exc:
