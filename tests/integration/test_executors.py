@@ -5,6 +5,7 @@ silences its workers, and closes cleanly."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -127,6 +128,29 @@ def test_pool_results_by_position_recipe_rebuilt_once_per_worker(tasks) -> None:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(alive(p) for p in pids)
+
+
+@pytest.mark.slow
+def test_pool_workers_see_the_environment_they_were_started_in(
+    tasks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers fork from a server started earlier (by the first pool); each still sees
+    the main process's environment as it was when its pool started, as spawned ones do,
+    and starts with the knapsack kernels already loaded."""
+    first = PoolExecutor(1)
+    try:
+        assert first.map(tasks.environ, "NDPLAN_TEST_MARK", [0]) == [[None]]
+    finally:
+        first.close()
+    monkeypatch.setenv("NDPLAN_TEST_MARK", "set after the first pool")
+    pool = PoolExecutor(2)
+    try:
+        out = pool.map(tasks.environ, "NDPLAN_TEST_MARK", list(range(4)))
+        assert [v for chunk in out for v in chunk] == ["set after the first pool"] * 4
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            assert all(v for chunk in pool.map(tasks.warmed, None, [0, 1]) for v in chunk)
+    finally:
+        pool.close()
 
 
 @pytest.mark.slow

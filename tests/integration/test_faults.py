@@ -74,6 +74,26 @@ def children(pid: int) -> list[int]:
     return sorted(out)
 
 
+def descendants(pid: int) -> list[int]:
+    """Children, grandchildren and so on (pool workers are the fork server's children)."""
+    out = []
+    for child in children(pid):
+        out += [child, *descendants(child)]
+    return sorted(out)
+
+
+def pool_workers(pid: int) -> list[int]:
+    """The pool's workers: children of the fork server, or spawned children."""
+    out = []
+    for child in children(pid):
+        line = cmdline(child)
+        if "spawn_main" in line:
+            out.append(child)
+        elif "forkserver" in line:
+            out += children(child)
+    return sorted(out)
+
+
 def cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
@@ -92,7 +112,7 @@ def workers_busy(proc: subprocess.Popen, count: int = 2, timeout: float = 120) -
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.communicate()
-        workers = [p for p in children(proc.pid) if "spawn_main" in cmdline(p)]
+        workers = pool_workers(proc.pid)
         if len(workers) == count and all(cpu_seconds(p) > 2.0 for p in workers):
             return workers
         time.sleep(0.1)
@@ -129,7 +149,7 @@ def test_plugin_raising_on_a_candidate_exits_4_naming_it(jobs: str, tmp_path: Pa
     )
     pids: list[int] = []
     while proc.poll() is None:  # record the workers while they live
-        pids = sorted(set(pids) | set(children(proc.pid)))
+        pids = sorted(set(pids) | set(descendants(proc.pid)))
         time.sleep(0.02)
     _, err = proc.communicate()
     assert proc.returncode == 4, err
@@ -149,7 +169,8 @@ def test_a_killed_worker_exits_5_with_one_line_and_no_orphans(tmp_path: Path) ->
     proc = start("search", *LONG, "-j", "2", "--ranking-csv", str(out / "r.csv"))
     try:
         workers = workers_busy(proc)
-        everyone = children(proc.pid)  # the workers and multiprocessing's resource tracker
+        # The workers, their fork server and multiprocessing's resource tracker.
+        everyone = descendants(proc.pid)
         os.kill(workers[0], signal.SIGKILL)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -172,7 +193,7 @@ def test_ctrl_c_mid_search_exits_130_with_no_orphans(tmp_path: Path) -> None:
     proc = start("search", *LONG, "-j", "2", "--ranking-csv", str(out / "r.csv"))
     try:
         workers_busy(proc)
-        everyone = children(proc.pid)
+        everyone = descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:

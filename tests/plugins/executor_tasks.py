@@ -44,3 +44,14 @@ def fail_on(recipe, chunk):
         if item == recipe:
             raise ZeroDivisionError(f"item {item} divides by zero")
     return list(chunk)
+
+
+def environ(recipe, chunk):
+    """This worker's value of the environment variable named by the recipe."""
+    return [os.environ.get(recipe) for _ in chunk]
+
+
+def warmed(recipe, chunk):
+    """Whether this worker had the knapsack kernels loaded before its first task."""
+    numba_engine = sys.modules.get("ndplan.core.kernels._knapsack_nb")
+    return [numba_engine is not None and bool(numba_engine.dp_choose.signatures) for _ in chunk]

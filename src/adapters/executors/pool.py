@@ -1,8 +1,9 @@
-"""The process pool: spawned workers, contiguous chunks, results by position (spec/executors.md).
+"""The process pool: worker processes, contiguous chunks, results by position (spec/executors.md).
 
-Workers are spawned in the constructor — the CLI opens the executor before it
-parses the model and configs, so their imports overlap that work. Each worker has
-its own duplex pipe. ``map`` cuts the items into contiguous chunks of about
+Workers are started in the constructor, from a fork server that has ndplan and
+numba loaded where the platform has one, else spawned; the CLI opens the executor
+before it parses the model and configs, so their start overlaps that work. Each
+worker has its own duplex pipe. ``map`` cuts the items into contiguous chunks of about
 ``len(items) / (8 · workers)`` (at least one item), hands them out as workers
 free up (at most two outstanding per worker), and writes each result at its
 chunk's index, so the output reads as if one process had written it.
@@ -47,6 +48,21 @@ KEEP_RECIPES = 4
 """Recipes a worker keeps (first in, first out; a search alternates two)."""
 TERMINATE_GRACE_S = 2.0
 PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+def _start_method() -> Any:
+    """Fork server where the platform has one (Linux, macOS), else spawn.
+
+    Both start workers from a fresh interpreter, never a fork of this process (which
+    may hold threads, locks and a user's state). The fork server has ndplan and numba
+    loaded (``preload``) once for every worker; a spawned worker loaded them itself.
+    If a fork server is already running (one the embedding program started), its
+    preload stays as it was and workers warm themselves up as spawned ones do."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["ndplan.adapters.executors.preload"])
+        return context
+    return multiprocessing.get_context("spawn")
 
 
 def split(items: Sequence[Any], workers: int) -> list[list[Any]]:
@@ -122,12 +138,21 @@ def _warm(plugins: tuple[str, ...]) -> None:
         pass  # a broken plugin or a missing numba is reported by the first task that needs it
 
 
-def worker_main(conn: Connection, plugins: tuple[str, ...]) -> None:
+def worker_main(
+    conn: Connection, plugins: tuple[str, ...], environ: dict[str, str] | None = None
+) -> None:
     """One worker: receive recipes and chunks, send back (status, index, value).
+
+    ``environ`` is the main process's environment when it started the worker, which a
+    worker forked from the fork server would otherwise see as it was when the server
+    started (``NDPLAN_ENGINE``, say, set in between).
 
     The cyclic garbage collector stays off, as in the ``ndplan`` process (see
     ``cli.app.main``): pricing makes no reference cycles, and the collector's passes
     over the worker's growing caches, after every chunk and at exit, were pure cost."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     gc.disable()
     try:
         _serve(conn, plugins)
@@ -192,7 +217,7 @@ class PoolExecutor:
 
     def __init__(self, workers: int = 2, plugins: Sequence[str] = ()) -> None:
         self.workers = max(1, int(workers))
-        self._mp = multiprocessing.get_context("spawn")
+        self._mp = _start_method()
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
         self._held: list[OrderedDict[bytes, None]] = []
@@ -206,7 +231,7 @@ class PoolExecutor:
                 parent, child = self._mp.Pipe(duplex=True)
                 proc = self._mp.Process(
                     target=worker_main,
-                    args=(child, tuple(plugins)),
+                    args=(child, tuple(plugins), dict(os.environ)),
                     name=f"ndplan-pool-{i}",
                     daemon=True,  # multiprocessing also reaps daemons at interpreter exit
                 )
