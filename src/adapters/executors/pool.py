@@ -30,6 +30,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -223,15 +224,39 @@ class PoolExecutor:
         self._held: list[OrderedDict[bytes, None]] = []
         self._pickled: OrderedDict[tuple[int, ...], tuple[Any, bytes, bytes]] = OrderedDict()
         self._closed = False
+        self._starting: threading.Thread | None = None
+        self._start_error: BaseException | None = None
         # Workers are born ignoring SIGINT (the disposition survives exec), so a terminal's
         # Ctrl-C, which reaches the whole process group, leaves the decision to this process.
         previous = _ignore_sigint()
+        try:
+            if self._mp.get_start_method() == "forkserver":
+                # The server starts now (so it is born ignoring SIGINT too, and its workers
+                # with it), but a worker forks only once the server has loaded ndplan and
+                # numba: workers are started from a thread, so this process goes on.
+                from multiprocessing import forkserver
+
+                forkserver.ensure_running()
+                self._starting = threading.Thread(
+                    target=self._start_workers, args=(tuple(plugins),), daemon=True
+                )
+                self._starting.start()
+            else:
+                self._start_workers(tuple(plugins))
+                self._started()
+        except BaseException:
+            self.terminate()
+            raise
+        finally:
+            _restore_sigint(previous)
+
+    def _start_workers(self, plugins: tuple[str, ...]) -> None:
         try:
             for i in range(self.workers):
                 parent, child = self._mp.Pipe(duplex=True)
                 proc = self._mp.Process(
                     target=worker_main,
-                    args=(child, tuple(plugins), dict(os.environ)),
+                    args=(child, plugins, dict(os.environ)),
                     name=f"ndplan-pool-{i}",
                     daemon=True,  # multiprocessing also reaps daemons at interpreter exit
                 )
@@ -240,14 +265,21 @@ class PoolExecutor:
                 self._procs.append(proc)
                 self._conns.append(parent)
                 self._held.append(OrderedDict())
-        except BaseException:
-            self.terminate()
-            raise
-        finally:
-            _restore_sigint(previous)
+        except BaseException as exc:
+            self._start_error = exc
+
+    def _started(self) -> None:
+        """Wait until every worker has started; raise what starting one raised."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        if self._start_error is not None:
+            error, self._start_error = self._start_error, None
+            raise error
 
     @property
     def pids(self) -> list[int]:
+        self._started()
         return [p.pid for p in self._procs if p.pid is not None]
 
     # ------------------------------------------------------------------ the port
@@ -262,6 +294,7 @@ class PoolExecutor:
         if self._closed:
             raise errors.InternalError("the worker pool was already closed")
         try:
+            self._started()
             return self._map(task, recipe, items)
         except BaseException:
             self.terminate()
@@ -272,6 +305,8 @@ class PoolExecutor:
         if self._closed:
             return
         self._closed = True
+        with contextlib.suppress(BaseException):  # a worker that failed to start: none to stop
+            self._started()
         for conn in self._conns:
             with contextlib.suppress(OSError):
                 conn.send_bytes(pickle.dumps(("stop",), PROTOCOL))
@@ -288,6 +323,8 @@ class PoolExecutor:
     # ------------------------------------------------------------------ internals
 
     def _stop_all(self) -> None:
+        with contextlib.suppress(BaseException):  # a worker that failed to start: none to stop
+            self._started()
         for proc in self._procs:
             if proc.is_alive():
                 proc.terminate()
