@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
-import itertools
 import pkgutil
-import textwrap
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from pydantic._internal._docs_extraction import extract_docstrings_from_cls
 
 import ndplan.core
 from ndplan.core.assumptions import Assumption, AssumptionRecorder
@@ -163,20 +161,10 @@ def test_field_docstrings_are_schema_descriptions() -> None:
 
 
 def _field_docstrings(model: type[BaseModel]) -> dict[str, str]:
-    """The docstring under each annotated field in the class body, as written."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for stmt, after in itertools.pairwise(body):
-        if (
-            isinstance(stmt, ast.AnnAssign)
-            and isinstance(stmt.target, ast.Name)
-            and isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            docs[stmt.target.id] = inspect.cleandoc(after.value.value)
-    return docs
+    """The docstring under each annotated field in the class body, as pydantic's own
+    ``use_attribute_docstrings`` reads them (the models used it until their schema
+    learnt to read docstrings only when asked)."""
+    return extract_docstrings_from_cls(model, use_inspect=True)
 
 
 @pytest.mark.parametrize("model", core_models(), ids=lambda m: m.__name__)

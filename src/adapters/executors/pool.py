@@ -3,8 +3,8 @@
 Workers are started in the constructor, from a fork server that has ndplan and
 numba loaded where the platform has one, else spawned; the CLI opens the executor
 before it parses the model and configs, so their start overlaps that work. Each
-worker has its own duplex pipe. ``map`` cuts the items into contiguous chunks of about
-``len(items) / (8 · workers)`` (at least one item), hands them out as workers
+worker has its own duplex pipe. ``map`` cuts the items into contiguous chunks of
+about ``len(items) / (8 · workers)`` (at least one item), hands them out as workers
 free up (at most two outstanding per worker), and writes each result at its
 chunk's index, so the output reads as if one process had written it.
 
@@ -212,7 +212,7 @@ def _restore_sigint(previous: Any) -> None:
 
 
 class PoolExecutor:
-    """Spawned worker processes pricing contiguous chunks; results by position."""
+    """Worker processes pricing contiguous chunks; results by position."""
 
     name = "pool"
 
