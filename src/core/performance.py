@@ -1022,10 +1022,11 @@ class NdplanCostModel:
     def fixed_step_seconds(
         self, ctx: PricingContext, layout: Layout, stages: Sequence[StagePlacement]
     ) -> float:
-        """What a step spends besides its stages' micro-batches, the communication they
-        hide and the fixed overhead, whatever those take: the optimizer step. ``step``
-        adds it as is, so the search adds it to its lower bounds."""
-        return self._optimizer_step_s(ctx, layout, self._distinct_roles(stages))
+        """What a step spends besides its stages' micro-batches and the communication they
+        hide, whatever those take: the optimizer step and the fixed overhead. ``step`` adds
+        both as they are, so the search adds them to its lower bounds."""
+        overhead = self._calibration(ctx).step_overhead_s
+        return self._optimizer_step_s(ctx, layout, self._distinct_roles(stages)) + overhead
 
     def _optimizer_s(
         self, ctx: PricingContext, layout: Layout, dense: float, expert: float

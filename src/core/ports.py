@@ -62,9 +62,9 @@ class CostModel(Protocol):
     without touching the search. Pure: no I/O.
 
     Optional: ``fixed_step_seconds(ctx, layout, stages) -> float``, seconds ``step``
-    adds whatever the stages take (the built-in model: the optimizer step). The search
-    adds it to its lower bounds, so it skips more layouts unpriced; without it the
-    bounds leave it out.
+    adds whatever the stages take (the built-in model: the optimizer step and its fixed
+    overhead). The search adds it to its lower bounds, so it skips more layouts
+    unpriced; without it the bounds leave it out.
     """
 
     name: str

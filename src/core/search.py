@@ -3,10 +3,10 @@
 Order of work:
 1. the loop nest over divisors, each refusal counted under a named reason;
 2. a cheap lower bound on the step time orders every candidate; in that order it gets
-   the cost model's fixed step seconds (the optimizer step) added, and in the order of
-   that, memory with every layer fully recomputed (the lightest option): over the
-   budget → dropped; and the exact bound (every layer at its fastest option, plus the
-   least recompute time that saves what that overflows);
+   the cost model's fixed step seconds (the optimizer step, the fixed overhead) added,
+   and in the order of that, memory with every layer fully recomputed (the lightest
+   option): over the budget → dropped; and the exact bound (every layer at its fastest
+   option, plus the least recompute time that saves what that overflows);
 3. candidates sorted by bound; priced (recompute knapsack per stage, then the time
    model) in batches, stopping once the K-th best beats the next bound — the rest are
    ``bounded``. Batches are decided by the bounds alone, so the set of priced
@@ -485,7 +485,9 @@ class SearchPricing:
 
     def quick_bound(self, c: Candidate) -> float:
         """A cheap lower bound on the step time: every decoder layer at its fastest option,
-        stages perfectly balanced, no embedding, head, data-parallel or optimizer time.
+        stages perfectly balanced, no embedding, head, data-parallel or optimizer time and
+        no fixed overhead (the cost model's own, if any, comes with its fixed step
+        seconds: the calibration's may not be the one a plugged-in model charges).
         With W one micro-batch through all layers: 1F1B/GPipe ``W·(1 + (m − 1)/pp)``;
         interleaved ``(m − 1/vpp)·W/pp + W/vpp``; DualPipeV ``m·W/pp``.
 
@@ -498,8 +500,6 @@ class SearchPricing:
     def quick_bounds(self, candidates: Sequence[Candidate]) -> list[float]:
         """``quick_bound`` of each candidate (the search asks for every one it generated:
         tens of thousands), W looked up once per distinct layer key."""
-        ctx = self.pricer.ctx
-        overhead = ctx.calibration.step_overhead_s
         walls: dict[tuple, float] = {}
         out = []
         for c in candidates:
@@ -509,11 +509,11 @@ class SearchPricing:
             if w is None:
                 w = walls[key] = self._layers_seconds(c, key)
             if sched in (0, 2):  # 1f1b, gpipe
-                out.append(w * (1 + (m - 1) / pp) + overhead)
+                out.append(w * (1 + (m - 1) / pp))
             elif sched == 1:  # interleaved
-                out.append((m - 1 / vpp) * w / pp + w / vpp + overhead)
+                out.append((m - 1 / vpp) * w / pp + w / vpp)
             else:
-                out.append(m * w / pp + overhead)
+                out.append(m * w / pp)
         return out
 
     def _layers_seconds(self, c: Candidate, layer_key: tuple) -> float:
@@ -532,8 +532,9 @@ class SearchPricing:
 
     def floor_bound(self, c: Candidate, quick: float) -> float:
         """The quick bound plus what the cost model says every step adds whatever its
-        stages take (its optional ``fixed_step_seconds``: the optimizer step), still a
-        lower bound; computed only for candidates the quick bound could not rule out."""
+        stages take (its optional ``fixed_step_seconds``: the optimizer step and the fixed
+        overhead), still a lower bound; computed only for candidates the quick bound could
+        not rule out."""
         fixed = getattr(self.pricer.cost, "fixed_step_seconds", None)
         if fixed is None:
             return quick

@@ -374,8 +374,10 @@ def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
         assert screened.fits
         tol = 1e-12 * priced.step_s
         assert quick < floor <= screened.bound_s + tol, (d, quick, floor, screened.bound_s)
-        # The floor adds exactly the optimizer step that the step itself charges.
-        assert floor - quick == pytest.approx(priced.time_parts["optimizer"], rel=1e-9)
+        # The floor adds exactly the optimizer step and overhead the step itself charges.
+        fixed = priced.time_parts["optimizer"] + priced.time_parts["overhead"]
+        assert priced.time_parts["overhead"] > 0
+        assert floor - quick == pytest.approx(fixed, rel=1e-9)
         assert screened.bound_s <= priced.step_s + tol, (d, screened.bound_s, priced.step_s)
         seen[d["schedule"]] += 1
         if d["recompute"] == "auto":
@@ -388,6 +390,34 @@ def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
         {"gpipe"} if "gpipe" in ctx.framework.schedules else set()
     )
     assert (seen["raised"] > 0) == (zero < 3)
+
+
+def test_bounds_follow_the_cost_models_own_overhead(planner) -> None:
+    """The fixed overhead in the bounds is the one the cost model charges, not the
+    context's calibration's: a plugged-in or differently calibrated model may charge
+    less, and a bound that took the calibration's rose above the step itself, so
+    bounding could skip layouts that belong in the top K."""
+    from ndplan.core.performance import NdplanCostModel
+    from ndplan.core.pricing import Pricer
+
+    ctx, opts = make_ctx(planner, "llama-3-8b", 8, 32, 4096, max_mem=30)
+    shipped = planner.pricer(ctx, opts)
+    own = NdplanCostModel(ctx.calibration)  # charges the shipped 0.09 s overhead
+    ctx.calibration = ctx.calibration.model_copy(update={"step_overhead_s": 30.0})
+    pricing = SearchPricing(Pricer(ctx, shipped.memory, own, shipped.solver))
+    candidates = core_search.enumerate_candidates(ctx, SearchSpace(), ()).candidates
+    checked = 0
+    for c in candidates[:: max(1, len(candidates) // 1000)]:
+        priced = pricing.pricer.price(candidate_layout(c, ctx.model.num_layers))
+        if not priced.fits:
+            continue
+        quick = pricing.quick_bound(c)
+        floor = pricing.floor_bound(c, quick)
+        (screened,) = pricing.screen([c])
+        tol = 1e-12 * priced.time.step_s
+        assert quick <= floor <= screened.bound_s + tol <= priced.time.step_s + 2 * tol, c
+        checked += 1
+    assert checked > 100
 
 
 def test_quick_bounds_of_a_batch_are_each_candidates_own(planner) -> None:
