@@ -499,15 +499,11 @@ class SearchPricing:
 
     def quick_bounds(self, candidates: Sequence[Candidate]) -> list[float]:
         """``quick_bound`` of each candidate (the search asks for every one it generated:
-        tens of thousands), W looked up once per distinct layer key."""
-        walls: dict[tuple, float] = {}
+        tens of thousands)."""
         out = []
         for c in candidates:
             _tp, pp, _cp, _dp, _ep, _etp, vpp, _mbs, m, _zero, _sp, _offload, _rec, sched, _ = c
-            key = candidate_layer_key(c)
-            w = walls.get(key)
-            if w is None:
-                w = walls[key] = self._layers_seconds(c, key)
+            w = self._layers_seconds(c)
             if sched in (0, 2):  # 1f1b, gpipe
                 out.append(w * (1 + (m - 1) / pp))
             elif sched == 1:  # interleaved
@@ -516,10 +512,11 @@ class SearchPricing:
                 out.append(m * w / pp)
         return out
 
-    def _layers_seconds(self, c: Candidate, layer_key: tuple) -> float:
-        """W: one micro-batch through every decoder layer, each at its fastest option."""
+    def _layers_seconds(self, c: Candidate) -> float:
+        """W: one micro-batch through every decoder layer, each at its fastest option
+        (memoised on the layer degrees, which every worker is handed)."""
         ctx = self.pricer.ctx
-        key = ("quick", *layer_key)
+        key = ("quick", *candidate_layer_key(c))
         w = ctx.cache.get(key)
         if w is None:
             layout = candidate_layout(c, ctx.model.num_layers)

@@ -124,19 +124,31 @@ def _silence() -> None:
     sys.stderr = sys.stdout
 
 
-def _warm(plugins: tuple[str, ...]) -> None:
-    """Import what pricing needs (and the run's plugins) while the main process parses inputs."""
+def load_pricing() -> None:
+    """What every worker needs whatever the run: the pricing code, and the knapsack
+    kernels loaded (numba's type registries and cached machine code). The fork server
+    does it once for all its workers (``preload``); a spawned worker does it itself."""
     try:
         import importlib
 
-        from ndplan.bootstrap import bootstrap
+        from ndplan.core.kernels.knapsack import warm_engine
 
         importlib.import_module("ndplan.planner")
         importlib.import_module("ndplan.adapters.executors.worker")
-        bootstrap(plugins=plugins)
-        importlib.import_module("ndplan.core.kernels._knapsack_nb")
+        warm_engine()
     except Exception:
-        pass  # a broken plugin or a missing numba is reported by the first task that needs it
+        pass  # a missing numba is reported by the first task that needs it
+
+
+def _warm(plugins: tuple[str, ...]) -> None:
+    """Load what pricing needs (and the run's plugins) while the main process parses inputs."""
+    load_pricing()
+    try:
+        from ndplan.bootstrap import bootstrap
+
+        bootstrap(plugins=plugins)
+    except Exception:
+        pass  # a broken plugin is reported by the first task that needs it
 
 
 def worker_main(

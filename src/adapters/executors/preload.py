@@ -9,12 +9,6 @@ load in each worker), so one server serves every search of the process.
 
 from __future__ import annotations
 
-import contextlib
+from ndplan.adapters.executors.pool import load_pricing
 
-import ndplan.adapters.executors.worker
-import ndplan.planner  # noqa: F401  (the built-in adapters and plugins)
-from ndplan.core.kernels.knapsack import warm_engine
-
-# A broken numba is reported by the first task that needs it, not here.
-with contextlib.suppress(Exception):
-    warm_engine()
+load_pricing()
