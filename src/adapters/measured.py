@@ -13,6 +13,7 @@ degrees or the batch is skipped with a reason.
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,45 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         raise InvalidInputError(f"{path}: cannot parse as a UTF-8 CSV ({exc})") from None
 
 
+# Columns that, when stated, hold a positive finite number: a row where one does not
+# (a typo, a negative time, "four") is skipped by name rather than read as a default.
+POSITIVE_COLUMNS = (
+    "num_gpus",
+    "gpus_per_node",
+    "seq_len",
+    "global_batch_size",
+    "micro_batch_size",
+    "grad_accum",
+    "tp",
+    "pp",
+    "vpp",
+    "cp",
+    "ep",
+    "etp",
+    "dp",
+    "tflops_per_gpu",
+    "tokens_per_sec_per_gpu",
+    "tokens_per_sec_total",
+    "step_time_s",
+    "peak_mem",
+)
+
+
+def unusable_number(row: Mapping[str, str]) -> str | None:
+    """The first stated number column that is not a positive finite number, described."""
+    for column in POSITIVE_COLUMNS:
+        text = (row.get(column) or "").strip()
+        if not text:
+            continue
+        value = _float(text)
+        if value is None or not math.isfinite(value) or value <= 0:
+            return f"{column} '{text}' is not a positive number"
+    text = (row.get("row_id") or "").strip()
+    if text and (not text.isdigit()):
+        return f"row_id '{text}' is not a whole number"
+    return None
+
+
 def _int(value: str) -> int | None:
     value = (value or "").strip().replace(",", "")
     if not value:
@@ -164,7 +204,9 @@ def precision_of(value: str) -> str | None:
         return "fp8"
     if "fp16" in v and "bf16" not in v:
         return "fp16"
-    return "bf16"
+    if "bf16" in v or "bfloat16" in v:
+        return "bf16"
+    raise ValueError(f"precision '{value}' unknown (bf16, fp16, fp8, fp8-blockwise, mxfp8, fp4)")
 
 
 def recompute_of(value: str) -> tuple[str, int | None]:
@@ -266,6 +308,9 @@ class RunInterpreter:
         def skip(reason: str) -> Skip:
             return Skip(row_id, source_short(source), label, reason)
 
+        bad = unusable_number(row)
+        if bad is not None:
+            return skip(bad)
         model, info = self.model_for(row)
         if model is None:
             return skip(info)
@@ -339,7 +384,10 @@ class RunInterpreter:
             zero = 3
         sp_col = row.get("sequence_parallel", "").lower()
         sp = tp > 1 if not sp_col else sp_col.startswith("y")
-        precision = precision_of(row.get("precision", ""))
+        try:
+            precision = precision_of(row.get("precision", ""))
+        except ValueError as exc:
+            return skip(str(exc))
         if precision is None:
             precision = "bf16"
             assumed.append("precision=bf16")

@@ -17,7 +17,7 @@ from ndplan.validation import RowResult, compare, fit_calibration, group_stats, 
 
 from .common import CalibrationOpt
 from .options import DeviceFiles, Json, state
-from .output import note, print_json, stdout, table, write_atomic
+from .output import check_output_file, note, print_json, stdout, table, write_atomic
 
 
 def _pct(x: float) -> str:
@@ -104,8 +104,8 @@ def compare_cmd(
     """
     if rows not in ("all", "even", "odd"):
         raise InvalidInputError(f"--rows: '{rows}' unknown; use all, even or odd")
-    if fit is not None and fit.exists() and not force:
-        raise InvalidInputError(f"{fit}: exists; pass --force to overwrite it")
+    if fit is not None:
+        check_output_file(fit, "--fit", force=force)
     planner = Planner(state(ctx).components(device_file))
     table_rows = read_rows(runs)
     if rows != "all":
@@ -120,7 +120,13 @@ def compare_cmd(
     ).interpret_all(table_rows)
     cal = planner.calibration(calibration)
     if fit is not None:
-        note(f"fitting on {sum(not c.check for c in cases)} rows (CHECK rows excluded) …")
+        usable = sum(not c.check for c in cases)
+        if not usable:  # nothing measured to fit to: say so instead of fitting on nothing
+            raise InvalidInputError(
+                f"--fit: no row of {runs} can be priced ({len(skips)} skipped, CHECK rows "
+                "excluded); run `ndplan compare` without --fit to see why"
+            )
+        note(f"fitting on {usable} rows (CHECK rows excluded) …")
         cal, _ = fit_calibration(
             planner,
             cases,

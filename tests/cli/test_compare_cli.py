@@ -331,3 +331,57 @@ def test_unknown_rows_selector(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = invoke(capsys, "compare", str(RUNS), "--rows", "third")
     assert code == ExitCode.INVALID_INPUT
     assert "--rows" in one_error_line(err)
+
+
+def _one_row_csv(tmp_path: Path, **changes: str) -> Path:
+    """A CSV of one real row (a dense H100 one that prices) with ``changes`` applied."""
+    with RUNS.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        fields = reader.fieldnames
+        row = next(r for r in reader if r["row_id"] == "345")
+    row.update(changes)
+    path = tmp_path / "one.csv"
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerow(row)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({"tp": "four"}, "tp 'four' is not a positive number"),
+        ({"tp": "0"}, "tp '0' is not a positive number"),
+        ({"num_gpus": "0"}, "num_gpus '0' is not a positive number"),
+        ({"step_time_s": "-5"}, "step_time_s '-5' is not a positive number"),
+        ({"tokens_per_sec_per_gpu": "nan"}, "tokens_per_sec_per_gpu 'nan' is not a positive"),
+        ({"precision": "int4"}, "precision 'int4' unknown"),
+        ({"row_id": "abc"}, "row_id 'abc' is not a whole number"),
+    ],
+)
+def test_a_row_with_an_unusable_value_is_skipped_by_name(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, changes: dict, reason: str
+) -> None:
+    """Not read as a default (tp 1, bf16, row 0) and priced as if the source said so."""
+    code, out, err = invoke(capsys, "compare", str(_one_row_csv(tmp_path, **changes)), "--json")
+    assert code == 0, err
+    doc = json.loads(out)  # valid JSON: no NaN from a NaN throughput
+    assert doc["rows"] == []
+    assert next(s["reason"] for s in doc["skipped"]).startswith(reason)
+
+
+def test_the_unchanged_row_prices(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = invoke(capsys, "compare", str(_one_row_csv(tmp_path)), "--json")
+    assert code == 0, err
+    assert [r["row_id"] for r in json.loads(out)["rows"]] == [345]
+
+
+def test_fit_with_no_row_to_fit_is_invalid_input(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    runs = _one_row_csv(tmp_path, step_time_s="-5")
+    out_file = tmp_path / "cal.json"
+    code, _out, err = invoke(capsys, "compare", str(runs), "--fit", str(out_file))
+    assert code == 3 and not out_file.exists()
+    assert "--fit: no row of" in one_error_line(err)
