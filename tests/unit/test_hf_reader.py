@@ -166,6 +166,23 @@ def test_qwen3_moe() -> None:
     assert count.active_parameters == count.total_parameters - layers * (e - k) * 3 * h * fe
 
 
+def test_an_unstated_expert_width_is_an_assumption_where_the_family_states_it() -> None:
+    """Qwen-MoE experts are far narrower than its dense FFN: without
+    ``moe_intermediate_size`` the width read is a guess, said and refused by --strict.
+    Mixtral's experts are ``intermediate_size`` wide by its own convention: no guess."""
+    raw = dict(builtin_presets()["qwen3-30b-a3b"])
+    raw.pop("moe_intermediate_size")
+    recorder = AssumptionRecorder()
+    model = read_hf_config(raw, origin="qwen", recorder=recorder)
+    assert model.kinds[0].ffn.expert_intermediate_size == raw["intermediate_size"]
+    assert "model.moe_intermediate_size" in {a.field for a in recorder.items}
+    with pytest.raises(InvalidInputError, match="moe_intermediate_size: not stated"):
+        read_hf_config(raw, origin="qwen", recorder=AssumptionRecorder(strict=True))
+    mixtral = AssumptionRecorder()
+    preset("mixtral-8x7b", mixtral)
+    assert "model.moe_intermediate_size" not in {a.field for a in mixtral.items}
+
+
 def test_qwen3_next_linear_and_full_kinds() -> None:
     """Qwen3-Next-80B-A3B: full_attention_interval 4 → 36 gated-delta-net layers and 12
     gated full-attention layers, (linear ×3, full) repeated; every layer MoE with a gated

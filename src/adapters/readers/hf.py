@@ -503,13 +503,23 @@ def _attention(cfg: ConfigView, model_type: str, index: int, h: int, heads: int)
     )
 
 
+# Model types whose configs give the experts' width as ``intermediate_size``.
+EXPERT_WIDTH_IS_INTERMEDIATE = frozenset({"mixtral", "gpt_oss", "phimoe"})
+
+
 def _ffn(cfg: ConfigView, model_type: str, index: int, h: int):
     act, gated = _activation(cfg, model_type)
     if _is_moe_layer(cfg, model_type, index):
         experts = cfg.int("num_experts", required=True)
-        width = cfg.int("moe_intermediate_size", assume=False) or cfg.int(
-            "intermediate_size", required=True
-        )
+        width = cfg.int("moe_intermediate_size", assume=False)
+        if width is None:
+            width = cfg.int("intermediate_size", required=True)
+            if model_type not in EXPERT_WIDTH_IS_INTERMEDIATE:
+                # Elsewhere an unstated expert width is a guess (Qwen-MoE and DeepSeek
+                # experts are far narrower than the dense FFN): said, and --strict refuses it.
+                cfg.recorder.default(
+                    "model.moe_intermediate_size", width, "hf reader: intermediate_size"
+                )
         shared_count = cfg.int("n_shared_experts", 0, assume=False, minimum=0) or 0
         shared_width = cfg.int("shared_expert_intermediate_size", assume=False, minimum=0)
         if shared_width is None:
