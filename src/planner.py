@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ndplan.adapters.devices.calibration import load_calibration
-from ndplan.adapters.executors.faults import GuardedPricing
+from ndplan.adapters.executors.faults import GuardedPricing, guarded_rule
 from ndplan.adapters.readers.resolve import load_model
 from ndplan.bootstrap import Components, bootstrap
 from ndplan.core.assumptions import AssumptionRecorder
@@ -142,7 +142,11 @@ class Planner:
         pricing = GuardedPricing(
             SearchPricing(self.pricer(ctx, opts), debug=debug), self.components.plugin_modules
         )
-        rules = [(name, rule) for name, rule in self.components.refusal_rules.rules]
+        plugins = self.components.plugin_modules
+        rules = [
+            (name, guarded_rule(name, rule, plugins))
+            for name, rule in self.components.refusal_rules.rules
+        ]
         hooks = SearchHooks(progress=progress)
         if sinks:
 
@@ -223,6 +227,12 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
         )
     if layout.tp > 1 and layout.sp not in fw.sequence_parallel:
         raise InvalidInputError(fw.sp_not_offered("on" if layout.sp else "off", str(layout.tp)))
+    if experts is not None and layout.tp > 1 and not layout.sp and fw.name == "megatron":
+        # Megatron-Core's MoE layer asserts sequence parallelism under TP; the search
+        # refuses the same layouts (moe_tp_needs_sp).
+        raise InvalidInputError(
+            f"tp({layout.tp}) with experts needs sequence parallelism in megatron; drop --no-sp"
+        )
     if layout.schedule not in fw.schedules:
         raise InvalidInputError(
             f"schedule '{layout.schedule}' is not offered by {fw.name} (offers {', '.join(fw.schedules)})"
@@ -237,6 +247,13 @@ def check_precision(ctx: PricingContext) -> None:
         raise InvalidInputError(
             f"precision '{ctx.settings.precision}' needs {ctx.settings.gemm_precision} tensor cores, which "
             f"{ctx.device.id} does not have; use bf16"
+        )
+    if ctx.settings.precision == "mxfp8" and not ctx.device.supports("fp4"):
+        # MX block scaling came with the FP4 tensor cores (Blackwell, CDNA 4); Hopper's
+        # fp8 GEMMs take one scale per tensor (fp8) or software block scales (fp8-blockwise).
+        raise InvalidInputError(
+            f"precision 'mxfp8' needs MX block-scaled tensor cores, which {ctx.device.id} does "
+            "not have; use fp8 or fp8-blockwise"
         )
 
 

@@ -65,9 +65,10 @@ def _own_field_docstrings(cls: type) -> dict[str, str]:
 
 class Frozen(BaseModel):
     """Immutable, strict, self-documenting: frozen and hashable, unknown keys refused,
-    field docstrings become the JSON schema's descriptions (``DocumentedSchema``)."""
+    NaN and infinities refused (a device file's ``.inf`` GiB would otherwise pass every
+    bound), field docstrings become the JSON schema's descriptions (``DocumentedSchema``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     @classmethod
     def model_json_schema(

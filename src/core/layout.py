@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -172,8 +172,13 @@ def check_layout(
         raise InvalidInputError(
             f"tp({lay.tp}) and the key/value heads({kv_heads}) do not divide one another; choose a divisor"
         )
-    if seq_len % lay.cp:
-        raise InvalidInputError(f"cp({lay.cp}) does not divide the sequence length({seq_len})")
+    if lay.cp > 1 and seq_len % (2 * lay.cp):
+        # Megatron's load-balanced ring cuts each sequence into 2·cp chunks; the search
+        # refuses the same layouts (cp_not_dividing_sequence).
+        raise InvalidInputError(
+            f"cp({lay.cp}) needs the sequence length({seq_len}) divisible by 2·cp = "
+            f"{2 * lay.cp}; choose another cp or --seq-len"
+        )
     if lay.layers_per_stage is not None:
         if len(lay.layers_per_stage) != lay.chunks:
             raise InvalidInputError(
@@ -221,7 +226,7 @@ class SearchSpace(Frozen):
     etp: tuple[PositiveInt, ...] | None = None
     vpp: tuple[PositiveInt, ...] | None = None
     mbs: tuple[PositiveInt, ...] | None = None
-    zero: tuple[int, ...] | None = None
+    zero: tuple[Annotated[int, Field(ge=0, le=3)], ...] | None = None
     sp: tuple[bool, ...] | None = None
     recompute: tuple[RecomputePolicy, ...] | None = None
     offload_optimizer: tuple[bool, ...] | None = None
@@ -229,7 +234,5 @@ class SearchSpace(Frozen):
     max_tp: PositiveInt | None = None
     """Upper bound on TP; the scale-up domain when unset."""
     allow_tp_beyond_scale_up: bool = False
-    max_mem_gib: float | None = Field(default=None, gt=0)
-    """Usable device memory; the device capacity when unset."""
-    reserve_gib: float = Field(default=0.0, ge=0)
-    """Memory held back for later balancing."""
+    """Let TP span more than the scale-up domain (--max-tp, or this, lifts the bound).
+    The memory budget is the pricing context's (``PricingOptions.max_mem_gib``)."""

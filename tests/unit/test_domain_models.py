@@ -244,7 +244,13 @@ def test_tp_and_the_kv_heads_must_divide_one_another() -> None:
 
 def test_cp_must_divide_the_sequence() -> None:
     message = error_of(Layout(cp=8, dp=1, num_microbatches=16), seq_len=4100)
-    assert message == "cp(8) does not divide the sequence length(4100)"
+    assert message == (
+        "cp(8) needs the sequence length(4100) divisible by 2·cp = 16; choose another cp or "
+        "--seq-len"
+    )
+    # Megatron's load-balanced ring cuts it in 2·cp chunks: dividing by cp is not enough
+    message = error_of(Layout(cp=8, dp=1, num_microbatches=16), seq_len=4104)
+    assert "divisible by 2·cp = 16" in message
 
 
 def test_ep_must_divide_the_experts() -> None:

@@ -91,6 +91,22 @@ def per_item(
     return out
 
 
+def guarded_rule(name: str, rule: Callable[..., Any], plugins: Iterable[str]) -> Callable[..., Any]:
+    """A refusal rule whose failure names the rule and the layout it was judging, and is
+    classified like a pricing failure (a plugin's rule raising is a plugin error, exit 4)."""
+
+    def judge(layout, ctx):
+        try:
+            return rule(layout, ctx)
+        except NdplanError:
+            raise
+        except Exception as exc:
+            what = f"refusal rule '{name}' on layout {layout.label}"
+            raise classify(exc, what, plugins) from exc
+
+    return judge
+
+
 class GuardedPricing(SearchPricing):
     """SearchPricing whose every candidate failure names the candidate and its origin."""
 
