@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
+from ndplan.core.cluster import DeviceSpec
 from ndplan.core.errors import InvalidInputError
 from ndplan.core.job import Job
 from ndplan.core.units import GiB
@@ -65,7 +67,13 @@ MaxMemOpt = Annotated[
     ),
 ]
 ReserveOpt = Annotated[
-    float, typer.Option("--reserve", min=0.0, help="Memory held back for balancing, GiB.")
+    float | None,
+    typer.Option(
+        "--reserve",
+        min=0.0,
+        help="Memory held back for balancing, GiB [default: 0].",
+        show_default=False,
+    ),
 ]
 RuntimeReserveOpt = Annotated[
     float | None,
@@ -260,6 +268,21 @@ class JobInputs:
             ) from None
 
 
+def check_memory_budget(max_mem_gib: float | None, device: DeviceSpec) -> None:
+    """--max-mem is the usable part of the device's memory: positive, finite, and no more
+    than the device has (a larger device is a --device-file, not a bigger budget)."""
+    if max_mem_gib is None:
+        return
+    if not math.isfinite(max_mem_gib) or max_mem_gib <= 0:
+        raise InvalidInputError(f"--max-mem: must be a positive number of GiB, got {max_mem_gib}")
+    if max_mem_gib > device.memory_gib:
+        raise InvalidInputError(
+            f"--max-mem: {max_mem_gib:g} GiB is more than the {device.id}'s "
+            f"{device.memory_gib:g} GiB; give at most {device.memory_gib:g}, or describe a "
+            "larger device with --device-file"
+        )
+
+
 def build_context(
     state: State,
     *,
@@ -276,8 +299,13 @@ def build_context(
     recorder = AssumptionRecorder(strict=strict)
     spec = planner.model(model, recorder)
     dev = planner.device(device)
-    if options.max_mem_gib is not None and options.max_mem_gib <= 0:
-        raise InvalidInputError(f"--max-mem: must be positive, got {options.max_mem_gib}")
+    check_memory_budget(options.max_mem_gib, dev)
+    for flag, value in (
+        ("--reserve", options.balance_reserve_gib),
+        ("--runtime-reserve", options.reserve_gib),
+    ):
+        if value is not None and not math.isfinite(value):
+            raise InvalidInputError(f"{flag}: must be a finite number of GiB, got {value}")
     ctx = planner.context(spec, dev, devices, job.job(), options=options, recorder=recorder)
     # Reserves that leave nothing to plan in would only show up later as "no layout fits
     # in -420 GiB"; they are invalid input.

@@ -184,7 +184,7 @@ def estimate(
         ),
     ] = "ndplan",
     max_mem: MaxMemOpt = None,
-    reserve: ReserveOpt = 0.0,
+    reserve: ReserveOpt = None,
     runtime_reserve: RuntimeReserveOpt = None,
     calibration: CalibrationOpt = None,
     strict: Strict = False,
@@ -208,7 +208,7 @@ def estimate(
     options = PricingOptions(
         memory_model=memory_mode,
         max_mem_gib=max_mem,
-        balance_reserve_gib=reserve,
+        balance_reserve_gib=reserve or 0.0,
         reserve_gib=runtime_reserve,
         calibration=calibration,
     )

@@ -65,12 +65,36 @@ def note(message: str) -> None:
     stderr.print(message, markup=False, soft_wrap=True)
 
 
+def check_output_file(path: Path, flag: str, *, force: bool) -> None:
+    """Before any work: ``path`` can be written — not a folder, not an existing file
+    without ``force``, and its folder exists or can be made where something writable is."""
+    if path.is_dir():
+        raise InvalidInputError(f"{flag} {path}: is a folder; give a file path")
+    if path.exists() and not force:
+        raise InvalidInputError(f"{flag} {path}: exists; pass --force to overwrite it")
+    check_writable_folder(path.parent, flag, path)
+
+
+def check_writable_folder(folder: Path, flag: str, given: Path) -> None:
+    """``folder`` is, or can be created as, a folder this process may write in."""
+    ancestor = folder.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InvalidInputError(f"{flag} {given}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InvalidInputError(f"{flag} {given}: cannot write in {ancestor}; give another path")
+
+
 def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
     """Write ``text`` to ``path`` via a temporary file and a rename; never clobber without ``force``."""
     if path.exists() and not force:
         raise InvalidInputError(f"{path}: exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    replace_atomically(path, text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(path, text)
+    except OSError as exc:  # checked up front; a disk that fills or a folder that vanishes
+        raise InvalidInputError(f"{path}: cannot write it ({exc.strerror or exc})") from None
 
 
 def gib(num_bytes: float) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from ndplan.core.errors import InvalidInputError
+from ndplan.core.frameworks import FrameworkTraits
 from ndplan.core.layout import DIMENSIONS, SearchSpace
 from ndplan.core.model import MoEFFN
 from ndplan.core.plan import Plan, SearchResult
@@ -49,7 +51,15 @@ from .common import (
 )
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
-from .output import note, print_json, stdout, table, write_atomic
+from .output import (
+    check_output_file,
+    check_writable_folder,
+    note,
+    print_json,
+    stdout,
+    table,
+    write_atomic,
+)
 from .render import (
     header,
     near_tie_note,
@@ -72,7 +82,12 @@ SPACE_KEYS = {
     "offload_optimizer",
     "schedule",
     "max_tp",
+    "allow_tp_beyond_scale_up",
+    "max_mem",
+    "reserve",
 }
+INT_DIMS = {"dp", "tp", "pp", "cp", "ep", "etp", "vpp", "mbs", "zero"}
+BOOL_DIMS = {"sp", "offload_optimizer"}
 DIM_FIELD = {
     "DP": "dp",
     "TP": "tp",
@@ -119,12 +134,53 @@ def space_values(data: Any, where: str) -> dict[str, Any]:
     for key, value in data.items():
         field = str(key).lower()
         field = {"offload": "offload_optimizer"}.get(field, field)
+        field = {"max_mem_gib": "max_mem", "reserve_gib": "reserve"}.get(field, field)
         if field not in SPACE_KEYS:
             raise InvalidInputError(
                 f"{where}: unknown key '{key}'; known: {', '.join(sorted(SPACE_KEYS))}"
             )
+        _check_space_value(field, value, f"{where}: {key}")
         out[field] = value
     return out
+
+
+def _check_space_value(field: str, value: Any, where: str) -> None:
+    """Types checked as written: YAML's ``true`` is not TP 1, nor is ``[]`` a dimension."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    if field in ("max_mem", "reserve"):
+        low = "a positive" if field == "max_mem" else "a non-negative"
+        if not number(value) or value < 0 or (field == "max_mem" and value == 0):
+            raise InvalidInputError(f"{where}: must be {low} number of GiB, got {value!r}")
+        return
+    if field == "allow_tp_beyond_scale_up":
+        if not isinstance(value, bool):
+            raise InvalidInputError(f"{where}: must be true or false, got {value!r}")
+        return
+    if field == "max_tp":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidInputError(f"{where}: must be a whole number ≥ 1, got {value!r}")
+        return
+    if value == "auto":
+        return
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise InvalidInputError(f"{where}: an empty list allows nothing; give values or auto")
+    for v in values:
+        if field in INT_DIMS:
+            low = 0 if field == "zero" else 1
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise InvalidInputError(
+                    f"{where}: {v!r} is not a whole number ≥ {low}; give numbers, a list or auto"
+                )
+            if field == "zero" and v > 3:
+                raise InvalidInputError(f"{where}: ZeRO stage {v} does not exist; use 0–3")
+        elif field in BOOL_DIMS and not isinstance(v, bool):
+            raise InvalidInputError(f"{where}: {v!r} is not true or false")
+        elif field in ("recompute", "schedule") and not isinstance(v, str):
+            raise InvalidInputError(f"{where}: {v!r} is not a name")
 
 
 def build_space(
@@ -133,7 +189,7 @@ def build_space(
     fixed: dict[str, Any],
     file_values: dict[str, Any],
     is_moe: bool,
-    default_zero: int,
+    framework: FrameworkTraits,
     max_tp: int | None,
 ) -> SearchSpace:
     """Free dimensions → None; fixed → (value,); the rest at their defaults."""
@@ -164,7 +220,7 @@ def build_space(
                 "ep": (1,),
                 "vpp": (1,),
                 "mbs": (1,),
-                "zero": (default_zero,),
+                "zero": (framework.default_zero,),
                 "sp": (True,),
                 "recompute": ("none",),
                 "offload_optimizer": (False,),
@@ -177,12 +233,21 @@ def build_space(
             space[extra] = (
                 None if value == "auto" else tuple(value) if isinstance(value, list) else (value,)
             )
+    offered = framework.schedules
+    for name in space.get("schedule") or ():
+        if name not in offered:  # as estimate refuses it, not silently dropped
+            raise InvalidInputError(
+                f"schedule '{name}' is not offered by {framework.name} (offers "
+                f"{', '.join(offered)}); pick one of those or another --framework"
+            )
     if "schedule" not in space and space.get("vpp") != (1,):
-        space["schedule"] = ("1f1b", "interleaved")
+        space["schedule"] = tuple(s for s in ("1f1b", "interleaved") if s in offered)
     if max_tp is not None:
         space["max_tp"] = max_tp
     elif "max_tp" in file_values:
         space["max_tp"] = file_values["max_tp"]
+    if "allow_tp_beyond_scale_up" in file_values:
+        space["allow_tp_beyond_scale_up"] = file_values["allow_tp_beyond_scale_up"]
     try:
         return SearchSpace(**space)
     except ValidationError as exc:
@@ -411,7 +476,7 @@ def search_cmd(
     document_tokens: DocumentTokensOpt = None,
     job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
-    reserve: ReserveOpt = 0.0,
+    reserve: ReserveOpt = None,
     runtime_reserve: RuntimeReserveOpt = None,
     top: Annotated[int, typer.Option("--top", "-t", min=1, help="How many plans to list.")] = 10,
     explain: Annotated[
@@ -475,18 +540,21 @@ def search_cmd(
     with open_executor(
         st, jobs=jobs, name=executor, ray_address=ray_address, verbosity=st.verbosity
     ) as pool:
-        for out in (ranking_out,):
-            if out is not None and out.exists() and not force:
-                raise InvalidInputError(f"{out}: exists; pass --force to overwrite it")
+        if ranking_out is not None:
+            check_output_file(ranking_out, "--ranking-csv", force=force)
         if explain > top:  # only the top K are kept
             raise InvalidInputError(
                 f"--explain {explain}: only the top {top} plans are kept; "
                 f"pass -t {explain} or a rank up to {top}"
             )
+        space_values = load_space_file(space_file) if space_file else {}
+        # The space file may state the memory budget too; a flag overrides it.
         options = PricingOptions(
             memoize=not no_memo,
-            max_mem_gib=max_mem,
-            balance_reserve_gib=reserve,
+            max_mem_gib=max_mem if max_mem is not None else space_values.get("max_mem"),
+            balance_reserve_gib=reserve
+            if reserve is not None
+            else space_values.get("reserve", 0.0),
             reserve_gib=runtime_reserve,
             calibration=calibration,
         )
@@ -538,9 +606,9 @@ def search_cmd(
         space = build_space(
             vary=parse_vary(vary),
             fixed=fixed,
-            file_values=load_space_file(space_file) if space_file else {},
+            file_values=space_values,
             is_moe=any(isinstance(k.ffn, MoEFFN) for k in pctx.model.kinds),
-            default_zero=pctx.framework.default_zero,
+            framework=pctx.framework,
             max_tp=max_tp,
         )
         sinks = []
@@ -551,7 +619,12 @@ def search_cmd(
             if debug_dir is not None:
                 _check_debug_dir(debug_dir, sinks, force)
             for sink in sinks:
-                sink.open(debug_dir)
+                try:
+                    sink.open(debug_dir)
+                except OSError as exc:
+                    raise InvalidInputError(
+                        f"--debug-dir {debug_dir}: cannot write there ({exc.strerror or exc})"
+                    ) from None
         progress = _progress()
         try:
             outcome = planner.search(
@@ -606,6 +679,7 @@ def _check_debug_dir(directory: Path, sinks: list, force: bool) -> None:
         raise InvalidInputError(
             f"--debug-dir {directory}: is a file; give a folder (it is created if missing)"
         )
+    check_writable_folder(directory, "--debug-dir", directory)
     if force:
         return
     for sink in sinks:

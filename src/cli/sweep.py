@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import itertools
+import math
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,11 +33,12 @@ from .common import (
     JobInputs,
     MaxMemOpt,
     PrecisionOpt,
+    check_memory_budget,
     read_yaml,
 )
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
-from .output import print_json, stdout, table, write_atomic
+from .output import check_output_file, print_json, stdout, table, write_atomic
 from .search import build_space, load_space_file, space_values
 
 GRID_KEYS = ("model", "device", "devices", "gbs", "seq_len")
@@ -264,8 +266,8 @@ def sweep_cmd(
     with open_executor(
         st, jobs=jobs, name=executor, ray_address=ray_address, verbosity=st.verbosity
     ) as pool:
-        if csv_out is not None and csv_out.exists() and not force:
-            raise InvalidInputError(f"{csv_out}: exists; pass --force to overwrite it")
+        if csv_out is not None:
+            check_output_file(csv_out, "--csv", force=force)
         file_values = load_sweep_file(file) if file is not None else {}
         flags = {
             "model": model,
@@ -277,13 +279,25 @@ def sweep_cmd(
         combos = expand(file_values, flags)
         precision = precision if precision is not None else file_values.get("precision")
         framework = framework if framework is not None else file_values.get("framework")
-        max_mem = max_mem if max_mem is not None else file_values.get("max_mem")
-        if max_mem is not None and (not isinstance(max_mem, int | float) or max_mem <= 0):
-            raise InvalidInputError(f"max_mem: must be a positive number of GiB, got {max_mem!r}")
         if space_file is not None:
             space_values = load_space_file(space_file)
         else:
             space_values = _inline_space(file_values.get("space"), file)
+        if "reserve" in space_values:
+            raise InvalidInputError(
+                "space: reserve: a sweep holds nothing back for balancing; drop the key"
+            )
+        for given in (max_mem, file_values.get("max_mem"), space_values.get("max_mem")):
+            if given is not None:
+                max_mem = given
+                break
+        if max_mem is not None and (
+            not isinstance(max_mem, int | float)
+            or isinstance(max_mem, bool)
+            or not math.isfinite(max_mem)
+            or max_mem <= 0
+        ):
+            raise InvalidInputError(f"max_mem: must be a positive number of GiB, got {max_mem!r}")
         planner = Planner(st.components(device_file))
         recorder = AssumptionRecorder(strict=strict)
         specs = {
@@ -291,6 +305,8 @@ def sweep_cmd(
             for name in dict.fromkeys(c["model"] for c in combos)
         }
         devs = {name: planner.device(name) for name in dict.fromkeys(c["device"] for c in combos)}
+        for dev in devs.values():
+            check_memory_budget(max_mem, dev)
         scenarios = []
         for c in combos:
             job = JobInputs(c["gbs"], c["seq_len"], precision, framework, None, None).job()
@@ -300,7 +316,7 @@ def sweep_cmd(
                 fixed={},
                 file_values=space_values,
                 is_moe=any(isinstance(k.ffn, MoEFFN) for k in spec.kinds),
-                default_zero=traits_for(job.framework or "megatron").default_zero,
+                framework=traits_for(job.framework or "megatron"),
                 max_tp=None,
             )
             scenarios.append(

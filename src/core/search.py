@@ -197,13 +197,15 @@ def enumerate_candidates(
             out.refusals.append((degrees, reason))
 
     zeros = [z for z in fw.zero_stages if _allowed(space.zero, z)]
+    lacking = [z for z in space.zero or () if z not in fw.zero_stages]
     # The stage that stands for all of them where there is one replica to shard over.
     single_zero = fw.default_zero if fw.default_zero in zeros else (zeros[0] if zeros else 0)
-    if not zeros:
+    if not zeros or lacking:
         # Fix: a ZeRO stage the framework lacks refused nothing by name and ended in
         # "no layout survived the refusal rules" (exit 1); it is invalid input, as in estimate.
+        # One of several listed was dropped without a word; it is refused the same way.
         raise InvalidInputError(
-            f"zero({'|'.join(map(str, space.zero or ()))}) is not offered by {fw.name} "
+            f"zero({'|'.join(map(str, lacking or space.zero or ()))}) is not offered by {fw.name} "
             f"(offers {', '.join(map(str, fw.zero_stages))})"
         )
     only_tp = space.tp is not None and all(t > 1 for t in space.tp)
@@ -225,6 +227,12 @@ def enumerate_candidates(
     offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
     schedules_allowed = space.schedule
+    if schedules_allowed is not None and not set(schedules_allowed) & set(fw.schedules):
+        # As for ZeRO: a schedule the framework lacks is invalid input, as in estimate.
+        raise InvalidInputError(
+            f"schedule({'|'.join(schedules_allowed)}) is not offered by {fw.name} "
+            f"(offers {', '.join(fw.schedules)})"
+        )
     for tp in divisors(n):
         if not _allowed(space.tp, tp):
             continue
@@ -260,15 +268,30 @@ def enumerate_candidates(
                 eps = [1]
                 if experts is not None:
                     group = dp * cp * (tp if fw.expert_tp else 1)
-                    eps = [e for e in divisors(group) if experts % e == 0]
+                    if space.ep is None:
+                        eps = [e for e in divisors(group) if experts % e == 0]
+                    else:  # fixed degrees that cannot work are refused by name, not skipped
+                        eps = []
+                        for e in sorted(set(space.ep)):
+                            if experts % e:
+                                refuse("ep_not_dividing_experts", tp=tp, pp=pp, cp=cp, ep=e)
+                            elif group % e:
+                                refuse("ep_not_dividing_expert_group", tp=tp, pp=pp, cp=cp, ep=e)
+                            else:
+                                eps.append(e)
+                etps = [tp]
+                if space.etp is not None:
+                    etps = []
+                    for e in sorted(set(space.etp)):
+                        if e in (1, tp):
+                            etps.append(e)
+                        else:  # expert TP is either none or the dense TP group
+                            refuse("etp_neither_1_nor_tp", tp=tp, pp=pp, cp=cp, etp=e)
                 for mbs in divisors(gbs // dp):
                     if not _allowed(space.mbs, mbs):
                         continue
                     m = gbs // (dp * mbs)
                     for ep in eps:
-                        if not _allowed(space.ep, ep):
-                            continue
-                        etps = [tp] if space.etp is None else [e for e in space.etp if e in (1, tp)]
                         for etp in etps:
                             if experts is not None and (dp * cp * tp) % (ep * etp):
                                 refuse(
@@ -358,7 +381,9 @@ def _schedules(
 ) -> Iterable[tuple[int, str, int]]:
     """(vpp, schedule, split) for one pipeline depth."""
     if pp == 1:
-        if _allowed(space.vpp, 1):
+        # No pipeline, no schedule to speak of: it stands as 1F1B, so a space that fixes
+        # another schedule (interleaved, DualPipeV) asks for pipelined layouts only.
+        if _allowed(space.vpp, 1) and (allowed is None or "1f1b" in allowed):
             yield 1, "1f1b", 0
         return
     for sched in ("1f1b", "gpipe", "dualpipev"):

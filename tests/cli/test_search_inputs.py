@@ -1,0 +1,268 @@
+"""Inputs ``ndplan search`` must refuse up front, in one line with exit 3 and nothing
+written (issue 7; the project's rule for bad input): budgets that are not numbers or
+exceed the device, output paths that cannot be written, a fixed schedule or expert
+degree that cannot work, search-space files whose values are the wrong type, and a
+plugin's refusal rule that raises (a plugin error, exit 4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ndplan.cli import output
+from ndplan.cli.app import run
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+SMALL = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "2048", "-j", "1")
+MOE = ("-m", "qwen3-30b-a3b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "2048", "-j", "1")
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG", "NDPLAN_JOBS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(output.stdout, "_width", 400)
+    monkeypatch.syspath_prepend(str(PLUGINS))
+
+
+def invoke(capsys, *argv: str) -> tuple[int, str, str]:
+    code = run(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("ndplan: error: "), err
+    return lines[0]
+
+
+def plans(out: str) -> list[dict]:
+    return json.loads(out)["plans"]
+
+
+# ----------------------------------------------------------------------------- budget
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("nan", "--max-mem: must be a positive number of GiB, got nan"),
+        ("inf", "--max-mem: must be a positive number of GiB, got inf"),
+        ("0", "--max-mem: must be a positive number of GiB, got 0.0"),
+        ("200", "--max-mem: 200 GiB is more than the h100-sxm's 80 GiB; give at most 80"),
+    ],
+)
+def test_a_memory_budget_that_is_not_a_usable_part_of_the_device_is_refused(
+    capsys, value: str, says: str
+) -> None:
+    for argv in (("search", *SMALL), ("estimate", *SMALL[:10])):  # estimate has no -j
+        code, out, err = invoke(capsys, *argv, "--max-mem", value)
+        assert code == 3 and out == "" and says in error_line(err)
+
+
+def test_an_infinite_reserve_is_refused(capsys) -> None:
+    code, out, err = invoke(capsys, "search", *SMALL, "--reserve", "inf")
+    assert code == 3 and out == ""
+    assert "--reserve: must be a finite number of GiB, got inf" in error_line(err)
+
+
+@pytest.mark.parametrize("field", ["memory_gib: .inf", "memory_gib: .nan"])
+def test_a_device_file_with_infinite_or_nan_memory_is_refused(
+    capsys, tmp_path: Path, field: str
+) -> None:
+    device = tmp_path / "dev.yaml"
+    device.write_text(
+        "- id: lab-accel\n"
+        f"  {field}\n"
+        "  peak_tflops: {bf16: 500}\n"
+        "  hbm_bandwidth_gb_per_s: 3000\n"
+        "  scale_up: {domain_size: 8, bandwidth_gb_per_s: 400}\n"
+        "  scale_out: {bandwidth_gb_per_s: 50}\n",
+        encoding="utf-8",
+    )
+    argv = ("-m", "llama-3-8b", "-d", "lab-accel", "-n", "8", "--gbs", "16", "-s", "2048")
+    code, out, err = invoke(capsys, "estimate", *argv, "--device-file", str(device))
+    assert code == 3 and out == ""
+    assert "memory_gib: Input should be a finite number" in error_line(err)
+
+
+# ----------------------------------------------------------------------------- files out
+
+
+def test_an_output_path_that_is_a_folder_is_refused_even_with_force(capsys, tmp_path: Path) -> None:
+    code, out, err = invoke(capsys, "search", *SMALL, "--ranking-csv", str(tmp_path), "--force")
+    assert code == 3 and out == ""
+    assert f"--ranking-csv {tmp_path}: is a folder; give a file path" in error_line(err)
+
+
+def test_an_output_path_under_a_file_is_refused_before_the_search(
+    capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checked before any pricing: the search itself must not run."""
+    a_file = tmp_path / "afile"
+    a_file.write_text("mine")
+    searched = []
+    from ndplan.planner import Planner
+
+    real = Planner.search
+    monkeypatch.setattr(Planner, "search", lambda *a, **k: searched.append(1) or real(*a, **k))
+    for flag in ("--ranking-csv", "--debug-dir"):
+        target = a_file / "sub" / "out.csv" if flag == "--ranking-csv" else a_file / "dbg"
+        code, out, err = invoke(capsys, "search", *SMALL, flag, str(target))
+        assert code == 3 and out == "" and not searched
+        assert f"{a_file} is a file, not a folder" in error_line(err)
+    assert a_file.read_text() == "mine"
+
+
+# ----------------------------------------------------------------------------- fixed values
+
+
+def test_a_schedule_the_framework_lacks_is_refused(capsys) -> None:
+    code, out, err = invoke(capsys, "search", *SMALL, "--schedule", "gpipe")
+    assert code == 3 and out == ""
+    assert "schedule 'gpipe' is not offered by megatron" in error_line(err)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved", "dualpipev"])
+def test_a_fixed_schedule_is_the_only_one_ranked(capsys, schedule: str) -> None:
+    """A pipeline schedule asks for a pipeline: no pp 1 layout labelled 1f1b is ranked."""
+    code, out, err = invoke(capsys, "search", *SMALL, "--schedule", schedule, "--json")
+    assert code == 0, err
+    ranked = plans(out)
+    assert ranked
+    assert {p["layout"]["schedule"] for p in ranked} == {schedule}
+    assert all(p["layout"]["pp"] > 1 for p in ranked)
+
+
+@pytest.mark.parametrize(
+    ("argv", "reason"),
+    [(("--ep", "3"), "ep_not_dividing_experts"), (("--etp", "3"), "etp_neither_1_nor_tp")],
+)
+def test_a_fixed_expert_degree_that_cannot_work_is_refused_by_name(
+    capsys, argv: tuple[str, ...], reason: str
+) -> None:
+    """The rule that refuses it is counted, not a rule it never reached."""
+    code, out, err = invoke(capsys, "search", *MOE, *argv)
+    assert code == 3 and out == ""
+    line = error_line(err)
+    assert "every layout in the search space is refused" in line and reason in line
+
+
+def test_a_fixed_ep_that_works_is_the_only_one_ranked(capsys) -> None:
+    code, out, err = invoke(capsys, "search", *MOE, "--ep", "4", "--json")
+    assert code == 0, err
+    assert {p["layout"]["ep"] for p in plans(out)} == {4}
+
+
+# ----------------------------------------------------------------------------- space files
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("tp: true\n", "tp: True is not a whole number ≥ 1"),
+        ("tp: []\n", "tp: an empty list allows nothing"),
+        ("zero: [0, 5]\n", "zero: ZeRO stage 5 does not exist; use 0–3"),
+        ("sp: 1\n", "sp: 1 is not true or false"),
+        ("max_mem: .inf\n", "max_mem: must be a positive number of GiB, got inf"),
+        ("reserve: -1\n", "reserve: must be a non-negative number of GiB, got -1"),
+        ("max_tp: 0\n", "max_tp: must be a whole number ≥ 1, got 0"),
+    ],
+)
+def test_space_file_values_of_the_wrong_type_are_refused(
+    capsys, tmp_path: Path, text: str, says: str
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text(text, encoding="utf-8")
+    code, out, err = invoke(capsys, "search", *SMALL, "--space", str(space))
+    assert code == 3 and out == "" and says in error_line(err)
+
+
+def test_a_listed_zero_stage_the_framework_lacks_is_refused(capsys, tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("zero: [2, 3]\n", encoding="utf-8")
+    argv = (*SMALL, "--space", str(space), "--framework", "torchtitan")
+    code, out, err = invoke(capsys, "search", *argv)
+    assert code == 3 and out == ""
+    assert "zero(2) is not offered by torchtitan (offers 0, 3)" in error_line(err)
+
+
+def test_a_space_file_states_the_memory_budget_and_a_flag_overrides_it(
+    capsys, tmp_path: Path
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("max_mem: 30\nreserve: 2\n", encoding="utf-8")
+    code, out, err = invoke(capsys, "search", *SMALL, "--space", str(space), "--json")
+    assert code == 0, err
+    for plan in plans(out):
+        assert plan["memory"]["capacity_bytes"] == 30 * 2**30
+        assert plan["memory"]["peak_bytes"] <= 28 * 2**30
+    code, out, err = invoke(
+        capsys, "search", *SMALL, "--space", str(space), "--max-mem", "40", "--json"
+    )
+    assert code == 0, err
+    assert {p["memory"]["capacity_bytes"] for p in plans(out)} == {40 * 2**30}
+
+
+# ----------------------------------------------------------------------------- plugins
+
+
+def test_a_plugins_refusal_rule_that_raises_is_a_plugin_error(capsys, tmp_path: Path) -> None:
+    module = tmp_path / "raising_rule.py"
+    module.write_text(
+        "from ndplan.plugins.hookspecs import hookimpl\n"
+        "def judge(layout, context):\n"
+        "    if layout.tp == 2:\n"
+        "        raise RuntimeError('no tp 2 here')\n"
+        "@hookimpl\n"
+        "def ndplan_register_refusal_rules(registry):\n"
+        "    registry.add('raising_rule', judge)\n",
+        encoding="utf-8",
+    )
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        code, out, err = invoke(capsys, "-p", "raising_rule", "search", *SMALL)
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("raising_rule", None)
+    assert code == 4 and out == ""
+    line = error_line(err)
+    assert "refusal rule 'raising_rule' on layout tp2" in line
+    assert "plugin 'raising_rule' raised RuntimeError: no tp 2 here" in line
+
+
+# ----------------------------------------------------------------------------- estimate
+
+
+def test_estimate_refuses_what_the_search_refuses(capsys) -> None:
+    """One layout priced by estimate obeys the rules the search counts as refusals."""
+    code, out, err = invoke(capsys, "estimate", *MOE[:10], "--tp", "2", "--no-sp", "--ep", "4")
+    assert code == 3 and out == ""
+    assert "tp(2) with experts needs sequence parallelism in megatron" in error_line(err)
+    argv = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "4100")
+    code, out, err = invoke(capsys, "estimate", *argv, "--cp", "4")
+    assert code == 3 and out == ""
+    assert "cp(4) needs the sequence length(4100) divisible by 2·cp = 8" in error_line(err)
+
+
+def test_mxfp8_needs_block_scaled_tensor_cores(capsys) -> None:
+    for device, code_wanted in (("h100", 3), ("b200", 0)):
+        argv = ("-m", "llama-3-8b", "-d", device, "-n", "8", "--gbs", "16", "-s", "2048")
+        code, out, err = invoke(capsys, "estimate", *argv, "--precision", "mxfp8", "--json")
+        assert code == code_wanted, err
+    assert out != ""
+    code, out, err = invoke(capsys, "search", *SMALL, "--precision", "mxfp8")
+    assert code == 3 and out == ""
+    assert "'mxfp8' needs MX block-scaled tensor cores, which h100-sxm" in error_line(err)
+
+
+def test_a_sweep_budget_beyond_a_device_is_refused(capsys) -> None:
+    argv = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "2048", "-j", "1")
+    code, out, err = invoke(capsys, "sweep", *argv, "--max-mem", "81")
+    assert code == 3 and out == ""
+    assert "--max-mem: 81 GiB is more than the h100-sxm's 80 GiB" in error_line(err)
