@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ndplan.core.errors import InvalidInputError
+from ndplan.core.errors import InfeasibleError, InvalidInputError
 from ndplan.core.frameworks import FrameworkTraits
 from ndplan.core.layout import DIMENSIONS, SearchSpace
 from ndplan.core.model import MoEFFN
@@ -638,6 +638,12 @@ def search_cmd(
                 collect_parts=ranking_out is not None,
                 progress=progress.update if progress else None,
             )
+        except InfeasibleError:
+            # The search ran to its end: the records say why nothing fits (every
+            # candidate over memory, by how much), which is what the folder is for.
+            for sink in sinks:
+                sink.close()
+            raise
         finally:
             if progress:
                 progress.stop()

@@ -266,3 +266,18 @@ def test_a_sweep_budget_beyond_a_device_is_refused(capsys) -> None:
     code, out, err = invoke(capsys, "sweep", *argv, "--max-mem", "81")
     assert code == 3 and out == ""
     assert "--max-mem: 81 GiB is more than the h100-sxm's 80 GiB" in error_line(err)
+
+
+def test_a_search_where_nothing_fits_still_records_why(capsys, tmp_path: Path) -> None:
+    """Exit 1 is an answer, not an abort: the debug folder gets every refusal, each
+    over-memory candidate with its stage and overshoot."""
+    debug = tmp_path / "debug"
+    argv = ("-m", "llama-3.1-405b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "4096")
+    code, out, err = invoke(capsys, "search", *argv, "-j", "1", "--debug-dir", str(debug))
+    assert code == 1 and out == "" and "no layout fits" in error_line(err)
+    reasons = [
+        line.split(",", 1)[0]
+        for line in (debug / "debug_refusals.csv").read_text().splitlines()[1:]
+    ]
+    over = [r for r in reasons if r.startswith("over_memory (stage ")]
+    assert over and len(over) == len([r for r in reasons if r.startswith("over_memory")])
