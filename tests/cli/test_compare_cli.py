@@ -78,12 +78,16 @@ def compare_all(capsys: pytest.CaptureFixture[str]) -> dict:
 
 @pytest.fixture
 def small_csv(tmp_path: Path) -> Path:
+    return runs_csv(tmp_path / "small.csv", SMALL_IDS)
+
+
+def runs_csv(path: Path, row_ids: tuple[int, ...], **changes: str) -> Path:
+    """A CSV of the real rows ``row_ids`` (all of them must exist), ``changes`` applied."""
     with RUNS.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
         fields = reader.fieldnames
-        rows = [r for r in reader if int(r["row_id"]) in SMALL_IDS]
-    assert len(rows) == len(SMALL_IDS)
-    path = tmp_path / "small.csv"
+        rows = [{**r, **changes} for r in reader if int(r["row_id"]) in row_ids]
+    assert len(rows) == len(row_ids)
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
@@ -335,17 +339,7 @@ def test_unknown_rows_selector(capsys: pytest.CaptureFixture[str]) -> None:
 
 def _one_row_csv(tmp_path: Path, **changes: str) -> Path:
     """A CSV of one real row (a dense H100 one that prices) with ``changes`` applied."""
-    with RUNS.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        fields = reader.fieldnames
-        row = next(r for r in reader if r["row_id"] == "345")
-    row.update(changes)
-    path = tmp_path / "one.csv"
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
-        writer.writeheader()
-        writer.writerow(row)
-    return path
+    return runs_csv(tmp_path / "one.csv", (345,), **changes)
 
 
 @pytest.mark.parametrize(
