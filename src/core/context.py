@@ -157,6 +157,8 @@ def interleaved_in_flight(pp: int, vpp: int, m: int, stage: int) -> tuple[int, .
     counts = [0] * vpp
     left = total_forwards
     for first in range(0, m, pp):
+        if not left:  # the rest of the table adds nothing: stop, or a step of a million
+            break  # micro-batches walks all of them for each stage it places
         size = min(pp, m - first)
         for chunk in range(vpp):
             take = min(size, left)

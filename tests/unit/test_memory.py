@@ -490,6 +490,31 @@ def test_interleaved_chunk_counts_follow_megatrons_schedule_table() -> None:
     assert interleaved_in_flight(4, 2, 8, 3) == (4, 1)  # the last stage: vpp − 1 groups + 1
 
 
+def _schedule_table_counts(pp: int, vpp: int, m: int, stage: int) -> tuple[int, ...]:
+    """The oracle: Megatron's forward order written out in full — micro-batch groups of
+    pp, each through every chunk — and its first warm-up + 1 forwards counted per chunk."""
+    order = [
+        chunk
+        for first in range(0, m, pp)
+        for chunk in range(vpp)
+        for _ in range(first, min(first + pp, m))
+    ]
+    warm = min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+    return tuple(order[:warm].count(chunk) for chunk in range(vpp))
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 8])
+def test_interleaved_chunk_counts_match_the_written_out_schedule(pp: int) -> None:
+    """Every stage, depth and micro-batch count up to 3·pp·vpp, and far past it (the walk
+    stops once the warm-up is counted; a million micro-batches gives the same counts)."""
+    for vpp in range(1, 6):
+        for m in [*range(1, 3 * pp * vpp + 2), 1000]:
+            for stage in range(pp):
+                want = _schedule_table_counts(pp, vpp, m, stage)
+                assert interleaved_in_flight(pp, vpp, m, stage) == want, (pp, vpp, m, stage)
+        assert interleaved_in_flight(pp, vpp, 10**6, 0) == _schedule_table_counts(pp, vpp, 1000, 0)
+
+
 # ----------------------------------------------------------------------------- tied embeddings
 
 
