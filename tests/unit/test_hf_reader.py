@@ -458,6 +458,25 @@ def test_mamba_hybrid_is_refused_naming_the_layer_type() -> None:
 # ----------------------------------------------------------------------------- files
 
 
+def test_an_unstated_tie_follows_the_familys_config_class() -> None:
+    """transformers' LlamaConfig (and Mistral, Qwen, DeepSeek, GPT-OSS) default to an untied
+    head; PretrainedConfig, which GPT-2 uses, to a tied one. Either way it is assumed aloud."""
+    raw = dict(builtin_presets()["llama-3-8b"])
+    raw.pop("tie_word_embeddings")
+    recorder = AssumptionRecorder()
+    assert not read_hf_config(raw, origin="llama", recorder=recorder).tie_word_embeddings
+    assert "model.tie_word_embeddings" in {a.field for a in recorder.items}
+    assert preset("gpt2-xl").tie_word_embeddings
+
+
+def test_a_config_with_a_byte_order_mark_reads(tmp_path: Path) -> None:
+    text = (CONFIGS / "model_dir" / "config.json").read_text(encoding="utf-8")
+    path = tmp_path / "config.json"
+    path.write_bytes("\ufeff".encode() + text.encode())
+    plain = load_config_file(CONFIGS / "model_dir" / "config.json")
+    assert load_config_file(path) == plain
+
+
 def test_reader_takes_a_model_directory() -> None:
     reader = HFConfigReader()
     directory = CONFIGS / "model_dir"

@@ -214,7 +214,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
             f"{path}: no such file; give a config.json or a directory holding one"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a BOM is not an error
     except json.JSONDecodeError as exc:
         raise InvalidInputError(
             f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); fix the file"
@@ -308,8 +308,10 @@ def read_hf_config(
         )
     tie = cfg.bool("tie_word_embeddings", assume=False)
     if tie is None:
-        # transformers' PretrainedConfig default.
-        tie = recorder.default("model.tie_word_embeddings", True, "hf reader")
+        # The default of the family's config class in transformers (LlamaConfig and its
+        # kin: untied), else PretrainedConfig's (tied).
+        untied = model_type in UNTIED_BY_DEFAULT
+        tie = recorder.default("model.tie_word_embeddings", not untied, "hf reader")
     norm = kinds[0].norm
     model_name = name or meta.get("display_name") or meta.get("id") or _guess_name(raw, origin)
     try:
@@ -502,6 +504,22 @@ def _attention(cfg: ConfigView, model_type: str, index: int, h: int, heads: int)
         sliding_window=window,
     )
 
+
+# Model types whose transformers config class defaults tie_word_embeddings to False.
+UNTIED_BY_DEFAULT = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+        "gpt_oss",
+    }
+)
 
 # Model types whose configs give the experts' width as ``intermediate_size``.
 EXPERT_WIDTH_IS_INTERMEDIATE = frozenset({"mixtral", "gpt_oss", "phimoe"})
