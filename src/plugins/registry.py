@@ -54,13 +54,13 @@ class Registry(Generic[T]):
                 if old.replaced is not None:
                     raise PluginError(
                         f"{self.kind} '{name}' is registered by both '{old.replaced}' and "
-                        f"'{plugin}'; pass replace=True in '{plugin}' to replace it"
+                        f"'{plugin}'; {_which_replaces(old.replaced, plugin)}"
                     )
                 old.replaced = plugin
             elif not replace:
                 raise PluginError(
                     f"{self.kind} '{name}' is registered by both '{old.plugin}' and '{plugin}'; "
-                    f"pass replace=True in '{plugin}' to replace it"
+                    f"{_which_replaces(old.plugin, plugin)}"
                 )
             elif old.replace:
                 raise PluginError(
@@ -118,3 +118,16 @@ class RuleList:
                 f"refusal rule '{name}' is registered twice (by '{self.current_plugin}')"
             )
         self.rules.append((name, rule))
+
+
+def _which_replaces(first: str, second: str) -> str:
+    """The fix for two plugins registering one name. Hooks run in plugin order, not in the
+    order of intent: the third-party plugin is the one that means to replace ndplan's own
+    entry, whichever registered first."""
+    builtin = "ndplan.builtin"
+    if builtin in (first, second):
+        other = second if first == builtin else first
+        return f"pass replace=True in '{other}' to replace the built-in one"
+    return (
+        "pass replace=True in the plugin that should win, or disable one (NDPLAN_DISABLE_PLUGINS)"
+    )

@@ -26,9 +26,18 @@ def test_a_duplicate_name_is_refused_naming_both_plugins() -> None:
     message = str(err.value)
     assert "cost model 'ndplan'" in message
     assert "'ndplan.builtin'" in message and "'acme_costs'" in message
-    assert "replace=True" in message
+    assert "pass replace=True in 'acme_costs' to replace the built-in one" in message
     assert err.value.exit_code is ExitCode.PLUGIN_ERROR
     assert reg.get("ndplan") == "builtin-model"  # the refused one changed nothing
+
+
+def test_the_fix_names_the_third_party_plugin_whichever_registered_first() -> None:
+    """Built-in hooks run last: the duplicate surfaces as ndplan.builtin adds its own."""
+    reg: Registry[str] = Registry("device")
+    _add(reg, "acme_devices", "h100-sxm", "acme")
+    with pytest.raises(PluginError) as err:
+        _add(reg, "ndplan.builtin", "h100-sxm", "builtin")
+    assert "pass replace=True in 'acme_devices' to replace the built-in one" in str(err.value)
 
 
 @pytest.mark.parametrize("replacer_first", [True, False], ids=["replacer-first", "replacer-last"])
