@@ -237,7 +237,8 @@ def enumerate_candidates(
         if not _allowed(space.tp, tp):
             continue
         if tp > max_tp:
-            refuse("tp_beyond_scale_up_domain", tp=tp)
+            # Named for the bound that refused it: the user's --max-tp, or the domain.
+            refuse("tp_above_max_tp" if space.max_tp else "tp_beyond_scale_up_domain", tp=tp)
             continue
         if heads % tp or (kv_heads % tp and tp % kv_heads):
             refuse("tp_not_dividing_heads", tp=tp)

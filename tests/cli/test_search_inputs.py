@@ -281,3 +281,11 @@ def test_a_search_where_nothing_fits_still_records_why(capsys, tmp_path: Path) -
     ]
     over = [r for r in reasons if r.startswith("over_memory (stage ")]
     assert over and len(over) == len([r for r in reasons if r.startswith("over_memory")])
+
+
+def test_tp_refused_by_max_tp_is_counted_under_that_bound(capsys) -> None:
+    code, out, err = invoke(capsys, "search", *SMALL, "--max-tp", "2", "--json")
+    assert code == 0, err
+    refused = json.loads(out)["summary"]["refused"]
+    assert refused["tp_above_max_tp"] == 2  # tp 4 and tp 8 of 8 devices
+    assert "tp_beyond_scale_up_domain" not in refused

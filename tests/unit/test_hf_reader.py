@@ -469,6 +469,15 @@ def test_an_unstated_tie_follows_the_familys_config_class() -> None:
     assert preset("gpt2-xl").tie_word_embeddings
 
 
+def test_mlp_only_layers_must_name_layers_of_the_model() -> None:
+    raw = dict(builtin_presets()["qwen3-30b-a3b"])
+    raw["mlp_only_layers"] = [0, 1, 100]
+    with pytest.raises(
+        InvalidInputError, match="'mlp_only_layers' names layer 100, but the layers"
+    ):
+        read_hf_config(raw, origin="qwen", recorder=AssumptionRecorder())
+
+
 def test_a_config_with_a_byte_order_mark_reads(tmp_path: Path) -> None:
     text = (CONFIGS / "model_dir" / "config.json").read_text(encoding="utf-8")
     path = tmp_path / "config.json"

@@ -261,6 +261,12 @@ def read_hf_config(
     num_layers = cfg.int("num_hidden_layers", required=True)
     heads = cfg.int("num_attention_heads", required=True)
     vocab = cfg.int("vocab_size", required=True)
+    outside = [i for i in cfg.int_list("mlp_only_layers") if not 0 <= i < num_layers]
+    if outside:  # a typo that would otherwise change nothing, silently
+        raise InvalidInputError(
+            f"{cfg.origin}: 'mlp_only_layers' names layer {outside[0]}, but the layers are "
+            f"0–{num_layers - 1}; fix the list"
+        )
     kinds_by_layer = [
         _layer_kind(cfg, model_type, i, h, heads, num_layers) for i in range(num_layers)
     ]
