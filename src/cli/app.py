@@ -19,7 +19,7 @@ import typer
 from ndplan import __version__
 from ndplan.core.errors import ExitCode, NdplanError
 
-from . import compare, estimate, info, models, search, sweep
+from . import compare, estimate, info, models, output, search, sweep
 from .options import state
 
 
@@ -86,6 +86,7 @@ def root(
     st = state(ctx)
     st.plugins = list(plugin or [])
     st.verbosity = verbose - quiet
+    output.set_verbosity(st.verbosity)
 
 
 info.register(app)

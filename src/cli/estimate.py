@@ -266,7 +266,7 @@ def estimate(
         stdout.print(plan_report(pctx, plan))
     warning = unfilled_pipeline_warning([plan])
     if warning:
-        note(warning)
+        note(warning, warning=True)
     line = pctx.recorder.line()
     if line:
         note(line)

@@ -93,7 +93,7 @@ def open_executor(
             )
         if name is not None:
             registry.get(chosen)  # unknown name: one line listing the known ones
-        note(f"executor '{chosen}' is not available; pricing in one process")
+        note(f"executor '{chosen}' is not available; pricing in one process", warning=True)
         chosen, count = "serial", 1
     executor = registry.get(chosen)(
         count, {"ray_address": ray_address, "plugins": tuple(state.plugins)}

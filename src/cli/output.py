@@ -60,9 +60,24 @@ def table(
     return t
 
 
-def note(message: str) -> None:
-    """A diagnostic line on stderr."""
-    stderr.print(message, markup=False, soft_wrap=True)
+_verbosity = 0
+
+
+def set_verbosity(level: int) -> None:
+    """``-v`` minus ``-q`` from the root command: below 0 silences notes, below −1 warnings."""
+    global _verbosity
+    _verbosity = level
+
+
+def quiet() -> bool:
+    return _verbosity < 0
+
+
+def note(message: str, *, warning: bool = False) -> None:
+    """A diagnostic line on stderr: ``-q`` drops notes (assumptions, progress of a fit),
+    ``-qq`` warnings too; errors are never dropped (they do not come through here)."""
+    if _verbosity >= (-1 if warning else 0):
+        stderr.print(message, markup=False, soft_wrap=True)
 
 
 def check_output_file(path: Path, flag: str, *, force: bool) -> None:

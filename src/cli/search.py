@@ -56,6 +56,7 @@ from .output import (
     check_writable_folder,
     note,
     print_json,
+    quiet,
     stdout,
     table,
     write_atomic,
@@ -672,7 +673,7 @@ def search_cmd(
             stdout.print(plan_report(pctx, chosen))
         warning = unfilled_pipeline_warning(result.plans)
         if warning:
-            note(warning)
+            note(warning, warning=True)
         line = pctx.recorder.line()
         if line:
             note(line)
@@ -729,7 +730,7 @@ class _Progress:
 
 
 def _progress() -> _Progress | None:
-    if sys.stderr.isatty() and not os.environ.get("NDPLAN_NO_PROGRESS"):
+    if sys.stderr.isatty() and not os.environ.get("NDPLAN_NO_PROGRESS") and not quiet():
         return _Progress()
     return None
 

@@ -289,3 +289,18 @@ def test_tp_refused_by_max_tp_is_counted_under_that_bound(capsys) -> None:
     refused = json.loads(out)["summary"]["refused"]
     assert refused["tp_above_max_tp"] == 2  # tp 4 and tp 8 of 8 devices
     assert "tp_beyond_scale_up_domain" not in refused
+
+
+def test_quiet_drops_notes_then_warnings_but_never_errors(capsys) -> None:
+    """-q drops the assumptions line, -qq the warnings too; the result and errors stay."""
+    unfilled = ("--gbs", "4", "--pp", "8", "--tp", "1", "--json")
+    argv = (*SMALL[:6], "-s", "4096", "-j", "1", *unfilled)
+    code, out, err = invoke(capsys, "search", *argv)
+    assert code == 0 and "assumed:" in err and "warning:" in err
+    code, quiet_out, err = invoke(capsys, "-q", "search", *argv)
+    assert code == 0 and "assumed:" not in err and "warning:" in err
+    code, quieter_out, err = invoke(capsys, "-qq", "search", *argv)
+    assert code == 0 and err == ""
+    assert plans(quiet_out) == plans(quieter_out) == plans(out)
+    code, _, err = invoke(capsys, "-qq", "search", *SMALL, "--max-mem", "nan")
+    assert code == 3 and "--max-mem" in error_line(err)
