@@ -304,3 +304,18 @@ def test_quiet_drops_notes_then_warnings_but_never_errors(capsys) -> None:
     assert plans(quiet_out) == plans(quieter_out) == plans(out)
     code, _, err = invoke(capsys, "-qq", "search", *SMALL, "--max-mem", "nan")
     assert code == 3 and "--max-mem" in error_line(err)
+
+
+def test_more_workers_than_cores_is_honoured_with_a_warning(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ndplan.cli import executors
+
+    monkeypatch.setattr(executors.os, "cpu_count", lambda: 1)
+    argv = (*SMALL[:-2], "--json")
+    code, out, err = invoke(capsys, "search", *argv, "-j", "2")
+    assert code == 0, err
+    assert "warning: -j 2 starts more workers than this machine's 1 logical cores" in err
+    code, serial, err = invoke(capsys, "search", *argv, "-j", "1")
+    assert code == 0 and "more workers" not in err
+    assert plans(out) == plans(serial)
