@@ -83,6 +83,8 @@ def note(message: str, *, warning: bool = False) -> None:
 def check_output_file(path: Path, flag: str, *, force: bool) -> None:
     """Before any work: ``path`` can be written — not a folder, not an existing file
     without ``force``, and its folder exists or can be made where something writable is."""
+    if str(path) == "-":  # not stdout here: the result goes there already (or --json)
+        raise InvalidInputError(f"{flag} -: give a file path (the result is on stdout)")
     if path.is_dir():
         raise InvalidInputError(f"{flag} {path}: is a folder; give a file path")
     if path.exists() and not force:

@@ -197,7 +197,10 @@ def unfilled_pipeline_warning(plans: Sequence[Plan]) -> str | None:
             f"warning: rank {unfilled[0][0]} runs fewer micro-batches than pipeline stages: "
             "its pipeline never fills"
         )
-    ranks = ", ".join(str(i) for i, _ in unfilled)
+    shown = 10  # -t 100000 would list hundreds of ranks on one line
+    ranks = ", ".join(str(i) for i, _ in unfilled[:shown])
+    if len(unfilled) > shown:
+        ranks += f" and {len(unfilled) - shown:,} more"
     return (
         f"warning: ranks {ranks} run fewer micro-batches than pipeline stages: "
         "their pipelines never fill"

@@ -93,7 +93,7 @@ def _values(key: str, value: Any, where: str) -> list[Any]:
         if kind is str and not isinstance(v, str | int | float):
             raise InvalidInputError(f"{where}{key}: expected names, got {v!r}")
         out.append(kind(v))
-    return out
+    return list(dict.fromkeys(out))  # `-n 8 -n 8` is one scenario, not the same one twice
 
 
 def expand(file_values: dict[str, Any], flags: dict[str, list[Any] | None]) -> list[dict]:

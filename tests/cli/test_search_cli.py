@@ -643,6 +643,11 @@ def test_the_unfilled_pipeline_warning_reads_by_count() -> None:
         "warning: ranks 1, 3 run fewer micro-batches than pipeline stages: "
         "their pipelines never fill"
     )
+    many = unfilled_pipeline_warning(plans(*[(4, 2)] * 250))
+    assert many == (
+        "warning: ranks 1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 240 more run fewer micro-batches "
+        "than pipeline stages: their pipelines never fill"
+    )
 
 
 @pytest.mark.parametrize(("device", "precision"), [("a100", "fp8"), ("h100", "fp4")])

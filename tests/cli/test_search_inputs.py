@@ -98,6 +98,13 @@ def test_an_output_path_that_is_a_folder_is_refused_even_with_force(capsys, tmp_
     assert f"--ranking-csv {tmp_path}: is a folder; give a file path" in error_line(err)
 
 
+def test_a_dash_is_not_a_ranking_csv_path(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, out, err = invoke(capsys, "search", *SMALL, "--ranking-csv", "-")
+    assert code == 3 and out == "" and not (tmp_path / "-").exists()
+    assert "--ranking-csv -: give a file path" in error_line(err)
+
+
 def test_an_output_path_under_a_file_is_refused_before_the_search(
     capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -66,6 +66,15 @@ def test_flags_give_every_combination_in_order(capsys) -> None:
         assert r["tokens_per_s_per_device"] > 0
 
 
+def test_a_value_given_twice_is_one_scenario(capsys) -> None:
+    rows = sweep_json(
+        capsys,
+        *["-m", "llama-3-8b", "-d", "h100", "-n", "8", "-n", "8", "--gbs", "64"],
+        *["-s", "2048", "-j", "1"],
+    )
+    assert [(r["devices"], r["gbs"]) for r in rows] == [(8, 64)]
+
+
 def test_failed_scenarios_are_rows_not_crashes(capsys, sweep_file: Path) -> None:
     space = sweep_file.parent / "space.yaml"
     space.write_text("tp: 1\npp: 1\ncp: 1\n", encoding="utf-8")
