@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ndplan.core.errors import InvalidInputError
+from ndplan.core.errors import InvalidInputError, PluginError
 from ndplan.core.ports import Executor
 
 from .options import State
@@ -86,6 +86,13 @@ def open_executor(
     """Start the executor now (before inputs are parsed); close it on success, terminate on error."""
     chosen, count = choose(jobs, name, verbosity, ray_address)
     registry = state.components().executors
+    if "serial" not in registry and chosen not in registry:
+        # Nothing to fall back to: the built-in plugin that provides it is disabled.
+        raise PluginError(
+            f"no executor to price with ({', '.join(dict.fromkeys((chosen, 'serial')))}: "
+            "not registered); "
+            "NDPLAN_DISABLE_PLUGINS must leave ndplan.builtin on, or a plugin register one"
+        )
     if chosen not in registry:
         if chosen == "ray":
             raise InvalidInputError(

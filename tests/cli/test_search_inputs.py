@@ -326,3 +326,12 @@ def test_more_workers_than_cores_is_honoured_with_a_warning(
     code, serial, err = invoke(capsys, "search", *argv, "-j", "1")
     assert code == 0 and "more workers" not in err
     assert plans(out) == plans(serial)
+
+
+def test_with_the_builtin_plugin_disabled_no_executor_is_a_plugin_error(
+    capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", "ndplan.builtin")
+    code, out, err = invoke(capsys, "search", *SMALL)
+    assert code == 4 and out == ""
+    assert "no executor to price with (serial: not registered)" in error_line(err)
