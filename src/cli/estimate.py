@@ -259,6 +259,12 @@ def estimate(
         offload=offload_optimizer,
         schedule=schedule,
     )
+    if sp and layout.tp == 1:  # as Megatron does, with a word
+        note(
+            "warning: --sp has no effect at tp 1 (sequence parallelism splits activations over the TP group); priced without it",
+            warning=True,
+        )
+        layout = layout.model_copy(update={"sp": False})  # the layout as priced
     plan = planner.estimate(pctx, layout, options)
     if as_json:
         print_json(plan)

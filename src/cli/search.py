@@ -612,6 +612,11 @@ def search_cmd(
             framework=pctx.framework,
             max_tp=max_tp,
         )
+        if sp and space.tp == (1,):  # as Megatron does, with a word
+            note(
+                "warning: --sp has no effect at tp 1 (sequence parallelism splits activations over the TP group); priced without it",
+                warning=True,
+            )
         sinks = []
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
         # it is opened, and a sink that needs a folder says so (exit 3).

@@ -335,3 +335,18 @@ def test_with_the_builtin_plugin_disabled_no_executor_is_a_plugin_error(
     code, out, err = invoke(capsys, "search", *SMALL)
     assert code == 4 and out == ""
     assert "no executor to price with (serial: not registered)" in error_line(err)
+
+
+def test_sp_at_tp_1_is_priced_without_it_and_says_so(capsys) -> None:
+    for argv in (("search", *SMALL, "--json"), ("estimate", *SMALL[:10], "--json")):
+        code, out, err = invoke(capsys, *argv, "--sp", "--tp", "1")
+        assert code == 0, err
+        assert "warning: --sp has no effect at tp 1" in err
+        layouts = (
+            [p["layout"] for p in plans(out)]
+            if argv[0] == "search"
+            else [json.loads(out)["layout"]]
+        )
+        assert all(not lay["sp"] and lay["tp"] == 1 for lay in layouts)
+    code, _, err = invoke(capsys, "search", *SMALL, "--sp", "--json")  # tp free: no warning
+    assert code == 0 and "--sp has no effect" not in err
