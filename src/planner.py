@@ -22,7 +22,7 @@ from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, PluginError
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DEFAULT_BUCKET_BYTES
-from ndplan.core.layout import Layout, SearchSpace, check_layout
+from ndplan.core.layout import Layout, SearchSpace, check_layout, heads_split
 from ndplan.core.model import ModelSpec, MoEFFN
 from ndplan.core.plan import Plan
 from ndplan.core.ports import DebugSink, Executor
@@ -227,6 +227,14 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
         )
     if layout.tp > 1 and layout.sp not in fw.sequence_parallel:
         raise InvalidInputError(fw.sp_not_offered("on" if layout.sp else "off", str(layout.tp)))
+    if layout.cp > 1 and ctx.settings.cp_kind == "all_to_all":
+        ways = layout.tp * layout.cp
+        if not heads_split(heads, kv, ways):  # the search refuses these too
+            raise InvalidInputError(
+                f"all-to-all CP hands each rank whole heads: tp({layout.tp})·cp({layout.cp}) = "
+                f"{ways} does not split the {heads} query / {kv} key-value heads; lower cp or "
+                "tp, or use cp_kind ring"
+            )
     if experts is not None and layout.tp > 1 and not layout.sp and fw.name == "megatron":
         # Megatron-Core's MoE layer asserts sequence parallelism under TP; the search
         # refuses the same layouts (moe_tp_needs_sp).

@@ -126,6 +126,12 @@ def dense_etp_error(etp: str) -> InvalidInputError:
     return InvalidInputError(f"etp({etp}) is set but the model has no experts; drop --etp")
 
 
+def heads_split(heads: int, kv_heads: int, ways: int) -> bool:
+    """Whether ``ways`` ranks can share the attention heads: each takes whole query heads,
+    and the key/value heads divide among them or are replicated to them (GQA)."""
+    return heads % ways == 0 and (kv_heads % ways == 0 or ways % kv_heads == 0)
+
+
 def check_layout(
     layout: Layout,
     *,

@@ -24,7 +24,7 @@ import heapq
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,7 +32,7 @@ from typing import Any
 
 from .context import PricingContext, mtp_room, mtp_room_splits_evenly
 from .errors import InfeasibleError, InvalidInputError
-from .layout import Layout, SearchSpace, dense_etp_error
+from .layout import Layout, SearchSpace, dense_etp_error, heads_split
 from .model import MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
@@ -155,6 +155,9 @@ class Enumeration:
     """(tp, pp, cp, dp) combinations whose dp divides the global batch."""
     batch_dps: set[int] = field(default_factory=set)
     """Data-parallel degrees that reached the batch check (past the tp/pp/cp rules)."""
+    reached: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    """Micro-batch sizes, VPP depths and schedules some layout could take (whatever a rule
+    then said): a fixed value never reached is one no layout of the problem can have."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,11 @@ def enumerate_candidates(
     offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
     schedules_allowed = space.schedule
+    if schedules_allowed == ("interleaved",) and space.vpp is not None and max(space.vpp) < 2:
+        raise InvalidInputError(
+            "schedule 'interleaved' needs vpp ≥ 2 (virtual stages per device); drop --vpp 1 "
+            "or use --schedule 1f1b"
+        )
     if schedules_allowed is not None and not set(schedules_allowed) & set(fw.schedules):
         # As for ZeRO: a schedule the framework lacks is invalid input, as in estimate.
         raise InvalidInputError(
@@ -240,7 +248,7 @@ def enumerate_candidates(
             # Named for the bound that refused it: the user's --max-tp, or the domain.
             refuse("tp_above_max_tp" if space.max_tp else "tp_beyond_scale_up_domain", tp=tp)
             continue
-        if heads % tp or (kv_heads % tp and tp % kv_heads):
+        if not heads_split(heads, kv_heads, tp):
             refuse("tp_not_dividing_heads", tp=tp)
             continue
         if any(w % tp for w in dense_widths):
@@ -257,6 +265,11 @@ def enumerate_candidates(
                     continue
                 if seq % (2 * cp) and cp > 1:
                     refuse("cp_not_dividing_sequence", tp=tp, pp=pp, cp=cp)
+                    continue
+                ulysses = cp > 1 and ctx.settings.cp_kind == "all_to_all"  # read only if used
+                if ulysses and not heads_split(heads, kv_heads, tp * cp):
+                    # All-to-all CP hands each rank whole heads: tp·cp of them at least.
+                    refuse("cp_all_to_all_exceeds_heads", tp=tp, pp=pp, cp=cp)
                     continue
                 dp = n // (tp * pp * cp)
                 if not _allowed(space.dp, dp):
@@ -291,6 +304,7 @@ def enumerate_candidates(
                 for mbs in divisors(gbs // dp):
                     if not _allowed(space.mbs, mbs):
                         continue
+                    out.reached["mbs"].add(mbs)
                     m = gbs // (dp * mbs)
                     for ep in eps:
                         for etp in etps:
@@ -315,6 +329,7 @@ def enumerate_candidates(
                                 refuse,
                                 fw.uneven_pipeline,
                                 model.num_mtp_layers,
+                                out.reached,
                             ):
                                 for zero in zeros:
                                     if one_replica and zero != single_zero:
@@ -379,12 +394,18 @@ def _schedules(
     refuse: Callable[..., None],
     uneven: bool = True,
     mtp_layers: int = 0,
+    reached: dict[str, set] | None = None,
 ) -> Iterable[tuple[int, str, int]]:
-    """(vpp, schedule, split) for one pipeline depth."""
+    """(vpp, schedule, split) for one pipeline depth; ``reached`` collects the depths and
+    schedules the layers allow, before the micro-batch rules refuse any."""
+    seen = reached if reached is not None else defaultdict(set)
+    seen["pp"].add(pp)  # the degrees and the expert rules let a layout get this far
     if pp == 1:
         # No pipeline, no schedule to speak of: it stands as 1F1B, so a space that fixes
         # another schedule (interleaved, DualPipeV) asks for pipelined layouts only.
         if _allowed(space.vpp, 1) and (allowed is None or "1f1b" in allowed):
+            seen["vpp"].add(1)
+            seen["schedule"].add("1f1b")
             yield 1, "1f1b", 0
         return
     for sched in ("1f1b", "gpipe", "dualpipev"):
@@ -393,6 +414,9 @@ def _schedules(
         ):
             if sched == "dualpipev" and num_layers < 2 * pp:
                 continue
+            if _allowed(space.vpp, 1):
+                seen["vpp"].add(1)
+                seen["schedule"].add(sched)
             if sched == "dualpipev" and m < 2 * pp:
                 # DualPipeV's step asserts num_chunks >= 2·num_ranks.
                 refuse("dualpipev_needs_microbatches_at_least_2pp", pp=pp, num_microbatches=m)
@@ -419,6 +443,8 @@ def _schedules(
             split = 1
         else:
             continue  # not a refusal: only layer counts that split evenly are offered
+        seen["vpp"].add(vpp)
+        seen["schedule"].add("interleaved")
         if m % pp:
             refuse(
                 "interleaved_needs_microbatches_multiple_of_pp", pp=pp, vpp=vpp, num_microbatches=m
@@ -747,6 +773,11 @@ def search(
         # The same when rules refused other degrees first (--cp 3 on 64 devices: only the
         # tp beyond the scale-up domain had been refused, by name).
         raise InvalidInputError(_empty_space_message(ctx, settings.space))
+    unreachable = _unreachable_fixed_values(enum, settings.space)
+    if not enum.candidates and unreachable:
+        # Fix: a fixed micro-batch size, VPP or schedule no layout can take was blamed on
+        # whichever rule had refused something else (often tp beyond the scale-up domain).
+        raise InvalidInputError(_unreachable_message(ctx, unreachable))
     if not enum.candidates:
         # Fix: every layout refused by a rule was "no layout survived the refusal rules;
         # widen the search space" (exit 1), naming neither rule nor the fix. The space the
@@ -909,6 +940,41 @@ def _pop_batch(
     while heap and len(out) < size and (not bounding or heap[0][0] <= limit):
         out.append(heapq.heappop(heap))
     return out
+
+
+def _unreachable_fixed_values(enum: Enumeration, space: SearchSpace) -> list[tuple[str, tuple]]:
+    """(dimension, its values) for each fixed micro-batch size, VPP or schedule list of which
+    no value was reachable."""
+    # In loop order: a micro-batch size no layout takes leaves no schedule to reach, so
+    # only the first dimension that stops every layout is the cause.
+    # Only past the degrees: when the tp/pp/cp rules or the batch refused every shape,
+    # those rules are the cause (the all-refused message names them).
+    if not enum.batch_ok:
+        return []
+    for name in ("mbs", "vpp", "schedule"):
+        if name != "mbs" and not enum.reached["pp"]:
+            break  # the rules before the schedule (e.g. on EP) stopped every layout
+        values = getattr(space, name)
+        if values is not None and not set(values) & enum.reached[name]:
+            return [(name, values)]
+    return []
+
+
+def _unreachable_message(ctx: PricingContext, unreachable: list[tuple[str, tuple]]) -> str:
+    why = {
+        "mbs": f"dp·mbs must divide the global batch ({ctx.job.global_batch_size}) for "
+        "some dp the devices allow",
+        "vpp": f"pp·vpp chunks must split the {ctx.model.num_layers} layers evenly (or the "
+        "layers plus the embedding and the loss)",
+        "schedule": "a pipeline schedule needs pp > 1 (DualPipeV: at least 2·pp layers; "
+        "interleaved: a VPP that splits the layers)",
+    }
+    parts = [
+        f"{name} {'|'.join(map(str, values))} fits no layout of "
+        f"{ctx.cluster.num_devices} devices: {why[name]}"
+        for name, values in unreachable
+    ]
+    return "; ".join(parts) + "; change it or let it vary"
 
 
 def _empty_space_message(ctx: PricingContext, space: SearchSpace) -> str:

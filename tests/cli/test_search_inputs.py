@@ -350,3 +350,42 @@ def test_sp_at_tp_1_is_priced_without_it_and_says_so(capsys) -> None:
         assert all(not lay["sp"] and lay["tp"] == 1 for lay in layouts)
     code, _, err = invoke(capsys, "search", *SMALL, "--sp", "--json")  # tp free: no warning
     assert code == 0 and "--sp has no effect" not in err
+
+
+SIXTEEN = ("-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "32", "-s", "4096", "-j", "1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (("--mbs", "3"), "mbs 3 fits no layout of 16 devices: dp·mbs must divide the global"),
+        (("--vpp", "3"), "vpp 3 fits no layout of 16 devices: pp·vpp chunks must split the 32"),
+        (("--schedule", "dualpipev", "--pp", "1"), "schedule dualpipev fits no layout"),
+        (("--schedule", "interleaved", "--vpp", "1"), "'interleaved' needs vpp ≥ 2"),
+    ],
+)
+def test_a_fixed_value_no_layout_can_take_is_named(capsys, argv, says) -> None:
+    """Not blamed on a rule that refused something else (tp 16 beyond the scale-up domain)."""
+    code, out, err = invoke(capsys, "search", *SIXTEEN, *argv)
+    assert code == 3 and out == ""
+    line = error_line(err)
+    assert says in line and "tp_beyond_scale_up_domain" not in line
+
+
+def test_all_to_all_cp_gives_each_rank_whole_heads(capsys, tmp_path: Path) -> None:
+    """Ulysses splits the heads over tp·cp: Llama-3-8B's 32 heads (8 KV) allow 32 at most."""
+    job = tmp_path / "job.yaml"
+    job.write_text("cp_kind: all_to_all\n", encoding="utf-8")
+    argv = ("-m", "llama-3-8b", "-d", "h100", "-n", "64", "--gbs", "8", "-s", "131072")
+    code, out, err = invoke(capsys, "search", *argv, "-j", "1", "--job", str(job), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["summary"]["refused"]["cp_all_to_all_exceeds_heads"] > 0
+    for plan in doc["plans"]:
+        assert 32 % (plan["layout"]["tp"] * plan["layout"]["cp"]) == 0
+    code, out, err = invoke(capsys, "estimate", *argv, "--job", str(job), "--cp", "64")
+    assert code == 3 and out == ""
+    assert "tp(1)·cp(64) = 64 does not split the 32 query / 8 key-value heads" in error_line(err)
+    ring = ("estimate", *argv, "--cp", "64", "--json")  # the ring passes K/V blocks instead
+    code, _, err = invoke(capsys, *ring)
+    assert code == 0, err
