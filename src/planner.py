@@ -22,7 +22,13 @@ from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, PluginError
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DEFAULT_BUCKET_BYTES
-from ndplan.core.layout import Layout, SearchSpace, check_layout, heads_split
+from ndplan.core.layout import (
+    Layout,
+    SearchSpace,
+    check_layout,
+    heads_split,
+    selective_not_offered,
+)
 from ndplan.core.model import ModelSpec, MoEFFN
 from ndplan.core.plan import Plan
 from ndplan.core.ports import DebugSink, Executor
@@ -227,6 +233,8 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
         )
     if layout.tp > 1 and layout.sp not in fw.sequence_parallel:
         raise InvalidInputError(fw.sp_not_offered("on" if layout.sp else "off", str(layout.tp)))
+    if layout.recompute == "selective" and not fw.selective:
+        raise InvalidInputError(selective_not_offered(fw.name))
     if layout.cp > 1 and ctx.settings.cp_kind == "all_to_all":
         ways = layout.tp * layout.cp
         if not heads_split(heads, kv, ways):  # the search refuses these too

@@ -126,6 +126,15 @@ def dense_etp_error(etp: str) -> InvalidInputError:
     return InvalidInputError(f"etp({etp}) is set but the model has no experts; drop --etp")
 
 
+def selective_not_offered(framework: str) -> str:
+    """A framework without per-op recompute: --recompute selective would recompute
+    nothing while claiming to."""
+    return (
+        f"recompute 'selective' is not offered by {framework} (it recomputes whole layers "
+        "or nothing); use full, none or auto"
+    )
+
+
 def heads_split(heads: int, kv_heads: int, ways: int) -> bool:
     """Whether ``ways`` ranks can share the attention heads: each takes whole query heads,
     and the key/value heads divide among them or are replicated to them (GQA)."""

@@ -32,7 +32,7 @@ from typing import Any
 
 from .context import PricingContext, mtp_room, mtp_room_splits_evenly
 from .errors import InfeasibleError, InvalidInputError
-from .layout import Layout, SearchSpace, dense_etp_error, heads_split
+from .layout import Layout, SearchSpace, dense_etp_error, heads_split, selective_not_offered
 from .model import MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
@@ -227,6 +227,8 @@ def enumerate_candidates(
             )
         if space.etp is not None:
             raise dense_etp_error("|".join(map(str, space.etp)))
+    if "selective" in (space.recompute or ()) and not fw.selective:
+        raise InvalidInputError(selective_not_offered(fw.name))
     offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
     schedules_allowed = space.schedule

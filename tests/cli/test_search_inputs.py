@@ -389,3 +389,13 @@ def test_all_to_all_cp_gives_each_rank_whole_heads(capsys, tmp_path: Path) -> No
     ring = ("estimate", *argv, "--cp", "64", "--json")  # the ring passes K/V blocks instead
     code, _, err = invoke(capsys, *ring)
     assert code == 0, err
+
+
+def test_selective_recompute_where_the_framework_has_none_is_refused(capsys) -> None:
+    """DeepSpeed checkpoints whole layers: 'selective' had priced as no recompute at all."""
+    for argv in (("search", *SIXTEEN), ("estimate", *SIXTEEN[:10])):
+        code, out, err = invoke(
+            capsys, *argv, "--framework", "deepspeed", "--recompute", "selective"
+        )
+        assert code == 3 and out == ""
+        assert "recompute 'selective' is not offered by deepspeed" in error_line(err)
