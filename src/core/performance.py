@@ -1013,6 +1013,8 @@ class NdplanCostModel:
         self, ctx: PricingContext, layout: Layout, roles: Sequence[StagePlacement]
     ) -> float:
         """The optimizer step: the slowest stage's update."""
+        if ctx.settings.finetune == "lora":
+            return 0.0  # frozen base weights; the adapters' update is negligible (as memory)
         opt = 0.0
         for stage in roles:
             dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from .context import PricingContext, StagePlacement, layer_key, placement_key
-from .counting import model_flops_per_step
+from .counting import count_flops, model_flops_per_step
 from .kernels.knapsack import LayerGroup, StageChoice
 from .layout import Layout
 from .memory import stage_memory
@@ -464,7 +464,15 @@ class Pricer:
             for assignment in priced.assignment:
                 for kind, _, count, rec in assignment:
                     extra += count * recompute_flops(ctx, layout, ctx.model.kinds[kind], rec)
-        return self.model_flops_per_step() + extra * layout.num_microbatches * devices_per_stage
+        total = self.model_flops_per_step() + extra * layout.num_microbatches * devices_per_stage
+        if ctx.settings.finetune == "lora":
+            # Frozen weights take no weight gradients: the backward runs the data-gradient
+            # GEMMs only, so a third of every weight GEMM's model FLOPs never runs
+            # (attention's core, with no weights, runs its full backward).
+            f = count_flops(ctx.model, ctx.settings.attention_span)
+            weight_gemms = f.forward_flops_per_token - f.forward_parts["core_attention"]
+            total -= weight_gemms * ctx.job.global_batch_size * ctx.job.seq_length
+        return total
 
     def model_flops_per_step(self) -> float:
         model_flops = getattr(self.cost, "model_flops_per_step", None)

@@ -848,11 +848,15 @@ def test_zero3_has_no_per_step_part(framework: str) -> None:
     assert opt > 0
 
 
-def test_lora_reduces_no_gradients() -> None:
+def test_lora_reduces_no_gradients_and_steps_no_optimizer() -> None:
+    """Frozen base weights: nothing to reduce, and no optimizer state to update (the memory
+    model holds none either; the adapters' few parameters are neglected in both)."""
     for zero in (0, 1, 3):
         dp, _, _, _, opt = dp_case(zero, 0.0, 0.0, overlap=0.0, finetune="lora")
         assert dp == 0.0
-        assert opt > 0
+        assert opt == 0.0
+        _, _, _, _, full_opt = dp_case(zero, 0.0, 0.0, overlap=0.0)
+        assert full_opt > 0
 
 
 # ----------------------------------------------------------------------------- FSDP per micro-batch
@@ -1676,3 +1680,29 @@ def test_mfu_counts_the_mtp_module_whichever_cost_model_prices_the_step() -> Non
     by_hand = 2 * 2 * 1024 * 3 * (f.forward_flops_per_token + f.mtp_forward_flops_per_token)
     assert theirs.model_flops_per_step() == pytest.approx(by_hand, rel=1e-12)
     assert ours.model_flops_per_step(ctx) == pytest.approx(by_hand, rel=1e-12)
+
+
+def test_lora_hardware_flops_leave_out_the_weight_gradients() -> None:
+    """HFU counts what runs: LoRA's backward skips the weight-gradient GEMMs, a third of
+    every weight GEMM's model FLOPs; core attention (no weights) runs its full backward."""
+    from ndplan.core.counting import count_flops
+    from ndplan.core.job import Job
+    from ndplan.planner import Planner
+
+    planner = Planner()
+    model, device = planner.model("llama-3-8b"), planner.device("h100")
+    layout = Layout(dp=8, mbs=1, num_microbatches=2, zero=1, recompute="none")
+    plans = {}
+    for finetune in ("full", "lora"):
+        job = Job(global_batch_size=16, seq_length=4096, finetune=finetune)
+        ctx = planner.context(model, device, 8, job)
+        plans[finetune] = (ctx, planner.estimate(ctx, layout))
+    ctx, full = plans["full"]
+    assert full.hfu == pytest.approx(full.mfu, rel=1e-12)  # nothing recomputed
+    ctx, lora = plans["lora"]
+    f = count_flops(model, 4096)
+    weight_share = (f.forward_flops_per_token - f.forward_parts["core_attention"]) / (
+        f.training_flops_per_token
+    )
+    assert lora.hfu == pytest.approx(lora.mfu * (1 - weight_share), rel=1e-9)
+    assert lora.time.parts["optimizer"] == 0.0
