@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ndplan.core.errors import PluginError
+from ndplan.core.errors import InvalidInputError, PluginError
 from ndplan.plugins.manager import PluginInfo, make_plugin_manager, plugin_modules_from_env
 from ndplan.plugins.registry import Registry, RuleList
 
@@ -88,9 +88,15 @@ def bootstrap(
         for path in files:
             regs["devices"].current_plugin = f"device-file:{path}"
             for device in load_device_file(Path(path)):
-                regs["devices"].add(
-                    device.id, device, aliases=device.aliases, replace=device.id in regs["devices"]
-                )
+                try:
+                    regs["devices"].add(
+                        device.id,
+                        device,
+                        aliases=device.aliases,
+                        replace=device.id in regs["devices"],
+                    )
+                except PluginError as exc:  # the user's file, not a plugin: invalid input
+                    raise InvalidInputError(str(exc)) from None
     return Components(
         **regs,
         refusal_rules=rules,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ndplan.core import cluster, counting, job, layout, model, plan
+from ndplan.core import calibration, cluster, counting, job, layout, model, plan
 from ndplan.core.errors import InvalidInputError
 from ndplan.plugins.manager import BUILTIN_NAME
 
@@ -26,6 +26,7 @@ SCHEMAS = {
     "Plan": plan.Plan,
     "SearchResult": plan.SearchResult,
     "ParameterCount": counting.ParameterCount,
+    "Calibration": calibration.Calibration,  # what `compare --fit` writes, --calibration reads
 }
 
 

@@ -52,7 +52,7 @@ class ScaleUpLink(Link):
 class DeviceSpec(Frozen):
     """One accelerator type, as its datasheet describes it."""
 
-    id: str
+    id: str = Field(min_length=1, pattern=r"\S")
     name: str = ""
     vendor: str = ""
     aliases: tuple[str, ...] = ()
@@ -81,6 +81,11 @@ class DeviceSpec(Frozen):
             raise ValueError("peak_tflops needs a bf16 or fp16 rate")
         if any(v <= 0 for v in self.peak_tflops.values()):
             raise ValueError("peak_tflops values must be positive")
+        if self.memory_reserve_gib >= self.memory_gib:
+            raise ValueError(
+                f"memory_reserve_gib ({self.memory_reserve_gib:g}) leaves nothing of "
+                f"memory_gib ({self.memory_gib:g}); give a smaller reserve"
+            )
         return self
 
     @property

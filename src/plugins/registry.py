@@ -9,6 +9,8 @@ from typing import Generic, TypeVar
 
 from ndplan.core.errors import InvalidInputError, PluginError
 
+from .manager import BUILTIN_NAME
+
 T = TypeVar("T")
 
 
@@ -72,7 +74,19 @@ class Registry(Generic[T]):
         else:
             self._entries[name] = Entry(name, value, plugin, replace)
         for alias in (name, *aliases):
-            self._aliases.setdefault(normalise(alias), name)
+            key = normalise(alias)
+            taken = self._aliases.get(key)
+            if taken is not None and taken != name:
+                owner = self._entries[taken].plugin
+                if owner != plugin:
+                    # An alias another plugin's entry answers to would be silently taken
+                    # over (or kept) depending on hook order: `-d H100` meant a lab device.
+                    fix = owner if plugin == BUILTIN_NAME else plugin
+                    raise PluginError(
+                        f"{self.kind} alias '{alias}' is claimed by '{taken}' ('{owner}') and "
+                        f"'{name}' ('{plugin}'); drop it from '{fix}'"
+                    )
+            self._aliases.setdefault(key, name)
 
     def resolve(self, name: str) -> str:
         """The registered name for ``name`` or one of its aliases."""
@@ -124,9 +138,8 @@ def _which_replaces(first: str, second: str) -> str:
     """The fix for two plugins registering one name. Hooks run in plugin order, not in the
     order of intent: the third-party plugin is the one that means to replace ndplan's own
     entry, whichever registered first."""
-    builtin = "ndplan.builtin"
-    if builtin in (first, second):
-        other = second if first == builtin else first
+    if BUILTIN_NAME in (first, second):
+        other = second if first == BUILTIN_NAME else first
         return f"pass replace=True in '{other}' to replace the built-in one"
     return (
         "pass replace=True in the plugin that should win, or disable one (NDPLAN_DISABLE_PLUGINS)"

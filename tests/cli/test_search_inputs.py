@@ -399,3 +399,53 @@ def test_selective_recompute_where_the_framework_has_none_is_refused(capsys) -> 
         )
         assert code == 3 and out == ""
         assert "recompute 'selective' is not offered by deepspeed" in error_line(err)
+
+
+def test_a_device_file_alias_that_names_a_catalog_device_is_refused(capsys, tmp_path: Path) -> None:
+    device = tmp_path / "dev.yaml"
+    device.write_text(
+        "- id: lab-accel\n"
+        "  aliases: [h100]\n"
+        "  memory_gib: 96\n"
+        "  peak_tflops: {bf16: 800}\n"
+        "  hbm_bandwidth_gb_per_s: 4000\n"
+        "  scale_up: {domain_size: 8, bandwidth_gb_per_s: 450}\n"
+        "  scale_out: {bandwidth_gb_per_s: 50}\n"
+        "  host_link: {bandwidth_gb_per_s: 64}\n",
+        encoding="utf-8",
+    )
+    code, out, err = invoke(capsys, "estimate", *SMALL[:10], "--device-file", str(device))
+    assert code == 3 and out == ""
+    assert "device alias 'h100' is claimed by 'h100-sxm' ('ndplan.builtin')" in error_line(err)
+
+
+DEVICE = (
+    "- id: {id}\n"
+    "  memory_gib: 96\n"
+    "  memory_reserve_gib: {reserve}\n"
+    "  peak_tflops: {{bf16: 800}}\n"
+    "  hbm_bandwidth_gb_per_s: 4000\n"
+    "  scale_up: {{domain_size: 8, bandwidth_gb_per_s: 450}}\n"
+    "  scale_out: {{bandwidth_gb_per_s: 50}}\n"
+    "  host_link: {{bandwidth_gb_per_s: 64}}\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (DEVICE.format(id="''", reserve=4), "id: String should have at least 1 character"),
+        (DEVICE.format(id="lab", reserve=100), "memory_reserve_gib (100) leaves nothing"),
+        (DEVICE.format(id="lab", reserve=4) * 2, "device 'lab' is listed twice; keep one"),
+    ],
+)
+def test_device_file_entries_that_cannot_be_meant_are_refused(
+    capsys, tmp_path: Path, text: str, says: str
+) -> None:
+    device = tmp_path / "dev.yaml"
+    device.write_text(text, encoding="utf-8")
+    code, out, err = invoke(capsys, "devices", "--device-file", str(device))
+    assert code == 3 and out == "" and says in error_line(err)
+    device.write_text(DEVICE.format(id="lab", reserve=4), encoding="utf-8")
+    code, out, err = invoke(capsys, "devices", "--device-file", str(device))
+    assert code == 0 and "lab" in out, err

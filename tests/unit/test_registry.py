@@ -163,3 +163,27 @@ def test_refusal_rules_keep_their_order_and_refuse_a_repeated_name() -> None:
     rules.current_plugin = "b"
     with pytest.raises(PluginError, match=r"'odd-tp' is registered twice \(by 'b'\)"):
         rules.add("odd-tp", lambda layout, ctx: None)
+
+
+@pytest.mark.parametrize("plugin_first", [True, False])
+def test_an_alias_another_plugins_entry_answers_to_is_refused(plugin_first: bool) -> None:
+    """`-d H100` must not mean a plugin's lab device because its hook ran first."""
+    reg: Registry[str] = Registry("device")
+    calls = [("acme_devices", "lab", ("H100",)), ("ndplan.builtin", "h100-sxm", ("h100",))]
+    if not plugin_first:
+        calls.reverse()
+    with pytest.raises(PluginError) as err:
+        for plugin, name, aliases in calls:
+            reg.current_plugin = plugin
+            reg.add(name, name, aliases=aliases)
+    message = str(err.value)
+    assert "is claimed by" in message and message.endswith("drop it from 'acme_devices'")
+
+
+def test_one_plugins_entries_may_share_an_alias() -> None:
+    """Within one plugin the first entry keeps it (the built-in catalog's own order)."""
+    reg: Registry[str] = Registry("device")
+    reg.current_plugin = "ndplan.builtin"
+    reg.add("a100-80gb", "a", aliases=("a100",))
+    reg.add("a100-40gb", "b", aliases=("a100",))
+    assert reg.resolve("A100") == "a100-80gb"

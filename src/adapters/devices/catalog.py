@@ -57,7 +57,12 @@ def load_device_file(path: Path) -> list[DeviceSpec]:
         raise InvalidInputError(
             f"{path}: not valid YAML/JSON ({str(exc).splitlines()[0]})"
         ) from None
-    return parse_devices(data, str(path))
+    devices = parse_devices(data, str(path))
+    ids = [d.id for d in devices]
+    twice = next((i for i in ids if ids.count(i) > 1), None)
+    if twice is not None:  # the second would silently replace the first
+        raise InvalidInputError(f"{path}: device '{twice}' is listed twice; keep one")
+    return devices
 
 
 @cache
