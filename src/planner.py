@@ -233,6 +233,11 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
         )
     if layout.tp > 1 and layout.sp not in fw.sequence_parallel:
         raise InvalidInputError(fw.sp_not_offered("on" if layout.sp else "off", str(layout.tp)))
+    if layout.pp > 1 and layout.zero > fw.max_zero_with_pipeline:
+        raise InvalidInputError(
+            f"zero({layout.zero}) with pp({layout.pp}): {fw.name} runs pipeline stages with "
+            f"ZeRO {fw.max_zero_with_pipeline} at most; lower --zero or use --pp 1"
+        )
     if layout.recompute == "selective" and not fw.selective:
         raise InvalidInputError(selective_not_offered(fw.name))
     if layout.cp > 1 and ctx.settings.cp_kind == "all_to_all":

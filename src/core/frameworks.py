@@ -78,6 +78,9 @@ class FrameworkTraits:
     sequence_parallel: tuple[bool, ...] = (False, True)
     """The sequence-parallel settings it offers with TP (torchtitan's TP plan always
     shards the norms over the sequence)."""
+    max_zero_with_pipeline: int = 3
+    """The highest ZeRO stage it runs beside pipeline stages (DeepSpeed's pipeline engine
+    asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)."""
 
     @property
     def cp_kind(self) -> str:
@@ -195,6 +198,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         dp_bucket_bytes=2 * 500_000_000 * 2,
         fp8_primary_weights=False,
         activation_offload=False,
+        max_zero_with_pipeline=1,
     ),
 }
 

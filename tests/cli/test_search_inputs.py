@@ -449,3 +449,17 @@ def test_device_file_entries_that_cannot_be_meant_are_refused(
     device.write_text(DEVICE.format(id="lab", reserve=4), encoding="utf-8")
     code, out, err = invoke(capsys, "devices", "--device-file", str(device))
     assert code == 0 and "lab" in out, err
+
+
+def test_deepspeed_runs_pipeline_stages_with_zero_1_at_most(capsys) -> None:
+    argv = (*SIXTEEN[:10], "--framework", "deepspeed")
+    code, out, err = invoke(capsys, "estimate", *argv, "--zero", "3", "--pp", "2")
+    assert code == 3 and out == ""
+    assert "zero(3) with pp(2): deepspeed runs pipeline stages with ZeRO 1 at most" in (
+        error_line(err)
+    )
+    code, out, err = invoke(capsys, "search", *argv, "-j", "1", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["summary"]["refused"]["zero_not_with_pipeline"] > 0
+    assert all(p["layout"]["zero"] <= 1 for p in doc["plans"] if p["layout"]["pp"] > 1)
