@@ -295,14 +295,9 @@ def enumerate_candidates(
                                 refuse("ep_not_dividing_expert_group", tp=tp, pp=pp, cp=cp, ep=e)
                             else:
                                 eps.append(e)
-                etps = [tp]
-                if space.etp is not None:
-                    etps = []
-                    for e in sorted(set(space.etp)):
-                        if e in (1, tp):
-                            etps.append(e)
-                        else:  # expert TP is either none or the dense TP group
-                            refuse("etp_neither_1_nor_tp", tp=tp, pp=pp, cp=cp, etp=e)
+                # Free, expert TP follows the dense TP group; a fixed value is taken as given
+                # (estimate prices any), and the group and width rules below judge it.
+                etps = [tp] if space.etp is None else sorted(set(space.etp))
                 for mbs in divisors(gbs // dp):
                     if not _allowed(space.mbs, mbs):
                         continue

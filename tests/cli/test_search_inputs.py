@@ -146,7 +146,7 @@ def test_a_fixed_schedule_is_the_only_one_ranked(capsys, schedule: str) -> None:
 
 @pytest.mark.parametrize(
     ("argv", "reason"),
-    [(("--ep", "3"), "ep_not_dividing_experts"), (("--etp", "3"), "etp_neither_1_nor_tp")],
+    [(("--ep", "3"), "ep_not_dividing_experts"), (("--etp", "3"), "ep_etp_not_dividing_group")],
 )
 def test_a_fixed_expert_degree_that_cannot_work_is_refused_by_name(
     capsys, argv: tuple[str, ...], reason: str
@@ -162,6 +162,22 @@ def test_a_fixed_ep_that_works_is_the_only_one_ranked(capsys) -> None:
     code, out, err = invoke(capsys, "search", *MOE, "--ep", "4", "--json")
     assert code == 0, err
     assert {p["layout"]["ep"] for p in plans(out)} == {4}
+
+
+def test_a_fixed_etp_apart_from_tp_is_searched_as_estimate_prices_it(capsys) -> None:
+    """Expert TP 2 under dense TP 1 or 4: searched, and each plan equals estimate's."""
+    code, out, err = invoke(capsys, "search", *MOE, "--etp", "2", "--json")
+    assert code == 0, err
+    ranked = plans(out)
+    assert {p["layout"]["etp"] for p in ranked} == {2}
+    assert any(p["layout"]["tp"] != 2 for p in ranked)
+    lay = ranked[0]["layout"]
+    flags = [f"--{k}={lay[k]}" for k in ("tp", "pp", "cp", "ep", "etp", "mbs", "zero", "vpp")]
+    flags += ["--sp" if lay["sp"] else "--no-sp", "--recompute", lay["recompute"]]
+    flags += ["--schedule", lay["schedule"]]
+    code, out, err = invoke(capsys, "estimate", *MOE[:10], *flags, "--json")
+    assert code == 0, err
+    assert json.loads(out)["time"]["step_s"] == ranked[0]["time"]["step_s"]
 
 
 # ----------------------------------------------------------------------------- space files
