@@ -112,18 +112,6 @@ class Job(Frozen):
             raise ValueError(why)
         return value
 
-    @field_validator("document_tokens")
-    @classmethod
-    def _documents_fit_in_a_sequence(cls, value: int | None, info: ValidationInfo) -> Any:
-        seq = info.data.get("seq_length")
-        if value is not None and seq is not None and value > seq:
-            # A document longer than the sequence packs nothing: it is the unset default.
-            raise ValueError(
-                f"{value} tokens per document exceed the sequence ({seq}); give at most "
-                f"{seq}, or leave it unset for one document per sequence"
-            )
-        return value
-
     @field_validator("wgrad_deferral_limit")
     @classmethod
     def _limit_needs_deferral(cls, limit: int | None, info: ValidationInfo) -> int | None:
