@@ -417,24 +417,6 @@ def test_selective_recompute_where_the_framework_has_none_is_refused(capsys) -> 
         assert "recompute 'selective' is not offered by deepspeed" in error_line(err)
 
 
-def test_a_device_file_alias_that_names_a_catalog_device_is_refused(capsys, tmp_path: Path) -> None:
-    device = tmp_path / "dev.yaml"
-    device.write_text(
-        "- id: lab-accel\n"
-        "  aliases: [h100]\n"
-        "  memory_gib: 96\n"
-        "  peak_tflops: {bf16: 800}\n"
-        "  hbm_bandwidth_gb_per_s: 4000\n"
-        "  scale_up: {domain_size: 8, bandwidth_gb_per_s: 450}\n"
-        "  scale_out: {bandwidth_gb_per_s: 50}\n"
-        "  host_link: {bandwidth_gb_per_s: 64}\n",
-        encoding="utf-8",
-    )
-    code, out, err = invoke(capsys, "estimate", *SMALL[:10], "--device-file", str(device))
-    assert code == 3 and out == ""
-    assert "device alias 'h100' is claimed by 'h100-sxm' ('ndplan.builtin')" in error_line(err)
-
-
 DEVICE = (
     "- id: {id}\n"
     "  memory_gib: 96\n"
@@ -445,6 +427,14 @@ DEVICE = (
     "  scale_out: {{bandwidth_gb_per_s: 50}}\n"
     "  host_link: {{bandwidth_gb_per_s: 64}}\n"
 )
+
+
+def test_a_device_file_alias_that_names_a_catalog_device_is_refused(capsys, tmp_path: Path) -> None:
+    device = tmp_path / "dev.yaml"
+    device.write_text(DEVICE.format(id="lab-accel", reserve=4) + "  aliases: [h100]\n")
+    code, out, err = invoke(capsys, "estimate", *SMALL[:10], "--device-file", str(device))
+    assert code == 3 and out == ""
+    assert "device alias 'h100' is claimed by 'h100-sxm' ('ndplan.builtin')" in error_line(err)
 
 
 @pytest.mark.parametrize(

@@ -73,24 +73,29 @@ UNGATED_ACTS = {
     "squared_relu",
 }
 LAYERNORM_TYPES = GPT_STYLE | {"nemotron"}
+# Model types whose transformers config class defaults tie_word_embeddings to False.
+UNTIED_BY_DEFAULT = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "deepseek_v2",
+        "deepseek_v3",
+        "gpt_oss",
+    }
+)
 # Known families read without an "unknown model_type" assumption.
-KNOWN_TYPES = GPT_STYLE | {
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
+KNOWN_TYPES = GPT_STYLE | UNTIED_BY_DEFAULT | {
     "qwen3_next",
-    "deepseek_v2",
-    "deepseek_v3",
     "kimi_k2",
     "gemma",
     "gemma2",
     "gemma3",
     "gemma3_text",
-    "gpt_oss",
     "nemotron",
     "olmo2",
     "qwen2_vl",
@@ -510,22 +515,6 @@ def _attention(cfg: ConfigView, model_type: str, index: int, h: int, heads: int)
         sliding_window=window,
     )
 
-
-# Model types whose transformers config class defaults tie_word_embeddings to False.
-UNTIED_BY_DEFAULT = frozenset(
-    {
-        "llama",
-        "mistral",
-        "mixtral",
-        "qwen2",
-        "qwen2_moe",
-        "qwen3",
-        "qwen3_moe",
-        "deepseek_v2",
-        "deepseek_v3",
-        "gpt_oss",
-    }
-)
 
 # Model types whose configs give the experts' width as ``intermediate_size``.
 EXPERT_WIDTH_IS_INTERMEDIATE = frozenset({"mixtral", "gpt_oss", "phimoe"})
