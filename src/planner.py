@@ -255,9 +255,7 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
             f"tp({layout.tp}) with experts needs sequence parallelism in megatron; drop --no-sp"
         )
     if layout.schedule not in fw.schedules:
-        raise InvalidInputError(
-            f"schedule '{layout.schedule}' is not offered by {fw.name} (offers {', '.join(fw.schedules)})"
-        )
+        raise InvalidInputError(fw.schedule_not_offered(layout.schedule))
     check_precision(ctx)
 
 

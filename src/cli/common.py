@@ -268,6 +268,13 @@ class JobInputs:
             ) from None
 
 
+SP_AT_TP_1 = (
+    "warning: --sp has no effect at tp 1 (sequence parallelism splits activations over the "
+    "TP group); priced without it"
+)
+"""Said by search and estimate when --sp comes with TP fixed at 1 (Megatron drops it too)."""
+
+
 def check_memory_budget(max_mem_gib: float | None, device: DeviceSpec) -> None:
     """--max-mem is the usable part of the device's memory: positive, finite, and no more
     than the device has (a larger device is a --device-file, not a bigger budget)."""

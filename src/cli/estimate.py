@@ -12,6 +12,7 @@ from ndplan.core.layout import Layout
 from ndplan.planner import PricingOptions
 
 from .common import (
+    SP_AT_TP_1,
     ActivationOffloadOpt,
     AttentionOpt,
     CalibrationOpt,
@@ -260,10 +261,7 @@ def estimate(
         schedule=schedule,
     )
     if sp and layout.tp == 1:  # as Megatron does, with a word
-        note(
-            "warning: --sp has no effect at tp 1 (sequence parallelism splits activations over the TP group); priced without it",
-            warning=True,
-        )
+        note(SP_AT_TP_1, warning=True)
         layout = layout.model_copy(update={"sp": False})  # the layout as priced
     plan = planner.estimate(pctx, layout, options)
     if as_json:

@@ -24,6 +24,7 @@ from ndplan.core.search import FIELDS, SearchOutcome
 from ndplan.planner import PricingOptions
 
 from .common import (
+    SP_AT_TP_1,
     ActivationOffloadOpt,
     AttentionOpt,
     CalibrationOpt,
@@ -234,15 +235,13 @@ def build_space(
             space[extra] = (
                 None if value == "auto" else tuple(value) if isinstance(value, list) else (value,)
             )
-    offered = framework.schedules
     for name in space.get("schedule") or ():
-        if name not in offered:  # as estimate refuses it, not silently dropped
+        if name not in framework.schedules:  # as estimate refuses it, not silently dropped
             raise InvalidInputError(
-                f"schedule '{name}' is not offered by {framework.name} (offers "
-                f"{', '.join(offered)}); pick one of those or another --framework"
+                f"{framework.schedule_not_offered(name)}; pick one of those or another --framework"
             )
     if "schedule" not in space and space.get("vpp") != (1,):
-        space["schedule"] = tuple(s for s in ("1f1b", "interleaved") if s in offered)
+        space["schedule"] = tuple(s for s in ("1f1b", "interleaved") if s in framework.schedules)
     if max_tp is not None:
         space["max_tp"] = max_tp
     elif "max_tp" in file_values:
@@ -613,10 +612,7 @@ def search_cmd(
             max_tp=max_tp,
         )
         if sp and space.tp == (1,):  # as Megatron does, with a word
-            note(
-                "warning: --sp has no effect at tp 1 (sequence parallelism splits activations over the TP group); priced without it",
-                warning=True,
-            )
+            note(SP_AT_TP_1, warning=True)
         sinks = []
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
         # it is opened, and a sink that needs a folder says so (exit 3).

@@ -114,6 +114,10 @@ class FrameworkTraits:
             )
         return None
 
+    def schedule_not_offered(self, schedule: str) -> str:
+        """The one-line refusal of a pipeline schedule it lacks (search and estimate)."""
+        return f"schedule '{schedule}' is not offered by {self.name} (offers {', '.join(self.schedules)})"
+
     def sp_not_offered(self, sp: str, tp: str) -> str:
         """The one-line refusal of SP settings (``on``, ``off``) with TP degrees it lacks."""
         return (

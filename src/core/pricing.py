@@ -466,13 +466,21 @@ class Pricer:
                     extra += count * recompute_flops(ctx, layout, ctx.model.kinds[kind], rec)
         total = self.model_flops_per_step() + extra * layout.num_microbatches * devices_per_stage
         if ctx.settings.finetune == "lora":
-            # Frozen weights take no weight gradients: the backward runs the data-gradient
-            # GEMMs only, so a third of every weight GEMM's model FLOPs never runs
-            # (attention's core, with no weights, runs its full backward).
-            f = count_flops(ctx.model, ctx.settings.attention_span)
-            weight_gemms = f.forward_flops_per_token - f.forward_parts["core_attention"]
-            total -= weight_gemms * ctx.job.global_batch_size * ctx.job.seq_length
+            total -= self._weight_gradient_flops_per_step()
         return total
+
+    def _weight_gradient_flops_per_step(self) -> float:
+        """The weight-gradient GEMMs' model FLOPs, which LoRA's frozen weights never run:
+        a third of every weight GEMM's (attention's core, with no weights, runs its full
+        backward). Memoised with the context: it depends on the model and job alone."""
+        ctx = self.ctx
+        found = ctx.cache.get("weight_gradient_flops_per_step")
+        if found is None:
+            f = count_flops(ctx.model, ctx.settings.attention_span)
+            per_token = f.forward_flops_per_token - f.forward_parts["core_attention"]
+            tokens = ctx.job.global_batch_size * ctx.job.seq_length
+            found = ctx.cache["weight_gradient_flops_per_step"] = per_token * tokens
+        return found
 
     def model_flops_per_step(self) -> float:
         model_flops = getattr(self.cost, "model_flops_per_step", None)

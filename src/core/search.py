@@ -239,6 +239,8 @@ def enumerate_candidates(
         )
     if schedules_allowed is not None and not set(schedules_allowed) & set(fw.schedules):
         # As for ZeRO: a schedule the framework lacks is invalid input, as in estimate.
+        # (A library caller may list every schedule and get the ones this framework has;
+        # the CLI refuses each one the user names that it lacks.)
         raise InvalidInputError(
             f"schedule({'|'.join(schedules_allowed)}) is not offered by {fw.name} "
             f"(offers {', '.join(fw.schedules)})"
@@ -394,11 +396,11 @@ def _schedules(
     refuse: Callable[..., None],
     uneven: bool = True,
     mtp_layers: int = 0,
-    reached: dict[str, set] | None = None,
+    seen: dict[str, set] | None = None,
 ) -> Iterable[tuple[int, str, int]]:
-    """(vpp, schedule, split) for one pipeline depth; ``reached`` collects the depths and
+    """(vpp, schedule, split) for one pipeline depth; ``seen`` collects the depths and
     schedules the layers allow, before the micro-batch rules refuse any."""
-    seen = reached if reached is not None else defaultdict(set)
+    seen = seen if seen is not None else defaultdict(set)
     seen["pp"].add(pp)  # the degrees and the expert rules let a layout get this far
     if pp == 1:
         # No pipeline, no schedule to speak of: it stands as 1F1B, so a space that fixes
@@ -773,8 +775,8 @@ def search(
         # The same when rules refused other degrees first (--cp 3 on 64 devices: only the
         # tp beyond the scale-up domain had been refused, by name).
         raise InvalidInputError(_empty_space_message(ctx, settings.space))
-    unreachable = _unreachable_fixed_values(enum, settings.space)
-    if not enum.candidates and unreachable:
+    unreachable = _unreachable_fixed_value(enum, settings.space)
+    if not enum.candidates and unreachable is not None:
         # Fix: a fixed micro-batch size, VPP or schedule no layout can take was blamed on
         # whichever rule had refused something else (often tp beyond the scale-up domain).
         raise InvalidInputError(_unreachable_message(ctx, unreachable))
@@ -942,25 +944,25 @@ def _pop_batch(
     return out
 
 
-def _unreachable_fixed_values(enum: Enumeration, space: SearchSpace) -> list[tuple[str, tuple]]:
-    """(dimension, its values) for each fixed micro-batch size, VPP or schedule list of which
-    no value was reachable."""
+def _unreachable_fixed_value(enum: Enumeration, space: SearchSpace) -> tuple[str, tuple] | None:
+    """(dimension, its values) of the fixed micro-batch size, VPP or schedule list of which
+    no value was reachable, if one stopped every layout."""
     # In loop order: a micro-batch size no layout takes leaves no schedule to reach, so
     # only the first dimension that stops every layout is the cause.
     # Only past the degrees: when the tp/pp/cp rules or the batch refused every shape,
     # those rules are the cause (the all-refused message names them).
     if not enum.batch_ok:
-        return []
+        return None
     for name in ("mbs", "vpp", "schedule"):
         if name != "mbs" and not enum.reached["pp"]:
             break  # the rules before the schedule (e.g. on EP) stopped every layout
         values = getattr(space, name)
         if values is not None and not set(values) & enum.reached[name]:
-            return [(name, values)]
-    return []
+            return name, values
+    return None
 
 
-def _unreachable_message(ctx: PricingContext, unreachable: list[tuple[str, tuple]]) -> str:
+def _unreachable_message(ctx: PricingContext, unreachable: tuple[str, tuple]) -> str:
     why = {
         "mbs": f"dp·mbs must divide the global batch ({ctx.job.global_batch_size}) for "
         "some dp the devices allow",
@@ -969,12 +971,11 @@ def _unreachable_message(ctx: PricingContext, unreachable: list[tuple[str, tuple
         "schedule": "a pipeline schedule needs pp > 1 (DualPipeV: at least 2·pp layers; "
         "interleaved: a VPP that splits the layers)",
     }
-    parts = [
-        f"{name} {'|'.join(map(str, values))} fits no layout of "
-        f"{ctx.cluster.num_devices} devices: {why[name]}"
-        for name, values in unreachable
-    ]
-    return "; ".join(parts) + "; change it or let it vary"
+    name, values = unreachable
+    return (
+        f"{name} {'|'.join(map(str, values))} fits no layout of {ctx.cluster.num_devices} "
+        f"devices: {why[name]}; change it or let it vary"
+    )
 
 
 def _empty_space_message(ctx: PricingContext, space: SearchSpace) -> str:

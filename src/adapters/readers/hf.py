@@ -89,25 +89,29 @@ UNTIED_BY_DEFAULT = frozenset(
     }
 )
 # Known families read without an "unknown model_type" assumption.
-KNOWN_TYPES = GPT_STYLE | UNTIED_BY_DEFAULT | {
-    "qwen3_next",
-    "kimi_k2",
-    "gemma",
-    "gemma2",
-    "gemma3",
-    "gemma3_text",
-    "nemotron",
-    "olmo2",
-    "qwen2_vl",
-    "qwen2_5_vl",
-    # Qwen3-VL's text tower is a Qwen3 decoder (q/k RMSNorm); without these names it was
-    # read as an unknown Llama-style type and lost its qk-norm (fix by the models-CLI work).
-    "qwen3_vl",
-    "qwen3_vl_text",
-    "llava",
-    "mllama",
-    "phi3",
-}
+KNOWN_TYPES = (
+    GPT_STYLE
+    | UNTIED_BY_DEFAULT
+    | {
+        "qwen3_next",
+        "kimi_k2",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "gemma3_text",
+        "nemotron",
+        "olmo2",
+        "qwen2_vl",
+        "qwen2_5_vl",
+        # Qwen3-VL's text tower is a Qwen3 decoder (q/k RMSNorm); without these names it was
+        # read as an unknown Llama-style type and lost its qk-norm (fix by the models-CLI work).
+        "qwen3_vl",
+        "qwen3_vl_text",
+        "llava",
+        "mllama",
+        "phi3",
+    }
+)
 MHA_BY_NATURE = GPT_STYLE | {"nemotron_gpt"}
 QK_NORM_TYPES = {
     "qwen3",
