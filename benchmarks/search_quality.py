@@ -172,7 +172,9 @@ def markdown(results: list[dict]) -> str:
         "the rank can be much larger than that count); *gap* its predicted step time over "
         "the predicted best (— when ndplan predicts it does not fit). A degree the source does not state (shown "
         "as ?, e.g. the Megatron-LM README's micro-batch and VPP) is left free: the best layout with the stated "
-        "degrees counts. *error* is how ndplan prices the published layout as it was run (predicted / measured "
+        "degrees counts, and so does the faster of the layer splits ndplan tries for those degrees (even, or "
+        "balanced: the last stage lighter by the output layer), though the published runs split their layers "
+        "evenly or as their recipe states. *error* is how ndplan prices the published layout as it was run (predicted / measured "
         "step time − 1, as in accuracy.md); *where* is the step-time part that differs most between the "
         "published layout and ndplan's best (compute = forward + backward + recompute).",
         "",

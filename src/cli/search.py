@@ -85,6 +85,7 @@ SPACE_KEYS = {
     "schedule",
     "max_tp",
     "allow_tp_beyond_scale_up",
+    "balance_layers",
     "max_mem",
     "reserve",
 }
@@ -157,7 +158,7 @@ def _check_space_value(field: str, value: Any, where: str) -> None:
         if not number(value) or value < 0 or (field == "max_mem" and value == 0):
             raise InvalidInputError(f"{where}: must be {low} number of GiB, got {value!r}")
         return
-    if field == "allow_tp_beyond_scale_up":
+    if field in ("allow_tp_beyond_scale_up", "balance_layers"):
         if not isinstance(value, bool):
             raise InvalidInputError(f"{where}: must be true or false, got {value!r}")
         return
@@ -193,6 +194,7 @@ def build_space(
     is_moe: bool,
     framework: FrameworkTraits,
     max_tp: int | None,
+    balance_layers: bool | None = None,
 ) -> SearchSpace:
     """Free dimensions → None; fixed → (value,); the rest at their defaults."""
     applicable = set(DIMENSIONS) - ({"EP"} if not is_moe else set())
@@ -248,6 +250,10 @@ def build_space(
         space["max_tp"] = file_values["max_tp"]
     if "allow_tp_beyond_scale_up" in file_values:
         space["allow_tp_beyond_scale_up"] = file_values["allow_tp_beyond_scale_up"]
+    if balance_layers is not None:
+        space["balance_layers"] = balance_layers
+    elif "balance_layers" in file_values:
+        space["balance_layers"] = file_values["balance_layers"]
     try:
         return SearchSpace(**space)
     except ValidationError as exc:
@@ -283,6 +289,13 @@ def shares(plan: Plan) -> str:
     )
 
 
+UNEVEN_MARK = "*"
+UNEVEN_NOTE = (
+    "* layers placed unevenly over the pipeline chunks (the output layer or the embedding "
+    "and loss counted as work); --json gives layout.layers_per_stage"
+)
+
+
 def ranking_table(plans: tuple[Plan, ...]):
     rows = []
     for p in plans:
@@ -291,6 +304,7 @@ def ranking_table(plans: tuple[Plan, ...]):
             f"{lay.pp}"
             + (f"×{lay.vpp}" if lay.vpp > 1 else "")
             + ("v" if lay.schedule == "dualpipev" else "")
+            + (UNEVEN_MARK if lay.layers_per_stage is not None else "")
         )
         rows.append(
             (
@@ -312,7 +326,7 @@ def ranking_table(plans: tuple[Plan, ...]):
                 shares(p),
             )
         )
-    return table(
+    out = table(
         "best layouts",
         [
             ("#", "right"),
@@ -334,6 +348,10 @@ def ranking_table(plans: tuple[Plan, ...]):
         ],
         rows,
     )
+    if any(p.layout.layers_per_stage is not None for p in plans):
+        out.caption = UNEVEN_NOTE
+        out.caption_justify = "left"
+    return out
 
 
 def summary_line(result: SearchResult) -> str:
@@ -461,6 +479,17 @@ def search_cmd(
         int | None,
         typer.Option(
             "--max-tp", min=1, help="Largest TP [default: the scale-up domain].", show_default=False
+        ),
+    ] = None,
+    balance_layers: Annotated[
+        bool | None,
+        typer.Option(
+            "--balance-layers/--even-layers",
+            help="Also try each pipeline with the last stage lighter by the output layer's "
+            "work (uneven layer counts: Megatron's pipeline layout, MindFormers offset, "
+            "torchtitan's manual split), or keep layers even [default: balance where the "
+            "framework allows].",
+            show_default=False,
         ),
     ] = None,
     precision: PrecisionOpt = None,
@@ -610,6 +639,7 @@ def search_cmd(
             is_moe=any(isinstance(k.ffn, MoEFFN) for k in pctx.model.kinds),
             framework=pctx.framework,
             max_tp=max_tp,
+            balance_layers=balance_layers,
         )
         if sp and space.tp == (1,):  # as Megatron does, with a word
             note(SP_AT_TP_1, warning=True)

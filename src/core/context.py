@@ -9,7 +9,7 @@ from typing import Any
 from .assumptions import AssumptionRecorder
 from .calibration import Calibration
 from .cluster import Cluster, DeviceSpec
-from .counting import KindParameters, kind_parameters
+from .counting import KindParameters, count_flops, kind_parameters
 from .frameworks import FrameworkTraits, traits_for
 from .job import Job, JobSettings
 from .layout import Layout
@@ -142,6 +142,52 @@ def default_split(num_layers: int, chunks: int, mtp_layers: int = 0) -> tuple[in
         if slots[-1] >= held:
             return (*slots[:-1], slots[-1] - held)
     return even_split(num_layers, chunks)
+
+
+def balanced_split(
+    model: ModelSpec, attention_span: int, pp: int, vpp: int
+) -> tuple[int, ...] | None:
+    """Layers per chunk that even out the stages' work when the output layer is heavy.
+
+    An even split puts the output layer and the loss on top of a full share of layers, so
+    the last stage sets the pace of the whole pipeline (a 256k-word vocabulary at hidden
+    6,144 is 3.5 layers of GEMM). Counting the output layer as its forward FLOPs in mean
+    decoder layers, the last stage keeps the layer count that minimises the slowest
+    stage; the others share the rest, the surplus on the stages nearest the end, which
+    hold the fewest micro-batches in flight. Within a stage the layers spread over its
+    virtual chunks, the surplus on the later ones (fewer in flight); on the last stage
+    on the earlier ones, away from the head. None where it makes the slowest stage no
+    lighter than the default split does, or does not apply: one stage, MTP models (their default split already leaves the last
+    chunk room) and vision models (the encoder sits on the first stage).
+    """
+    if pp < 2 or model.num_mtp_layers or model.vision is not None:
+        return None
+    layers = model.num_layers
+    flops = count_flops(model, attention_span)
+    logits = flops.forward_parts["logits"]
+    per_layer = (flops.forward_flops_per_token - logits) / layers
+    if per_layer <= 0:
+        return None
+    head = logits / per_layer
+
+    def slowest(last: int) -> tuple[float, int]:
+        return (max(last + head, -(-(layers - last) // (pp - 1))), -last)
+
+    last = min(range(layers + 1), key=slowest)  # ties: the split nearest even
+    base, extra = divmod(layers - last, pp - 1)
+    per_stage = [base + (1 if s >= pp - 1 - extra else 0) for s in range(pp - 1)] + [last]
+    counts = [0] * (pp * vpp)
+    for s, total in enumerate(per_stage):
+        chunk_base, chunk_extra = divmod(total, vpp)
+        for j in range(vpp):
+            later = j >= vpp - chunk_extra if s < pp - 1 else j < chunk_extra
+            counts[s + j * pp] = chunk_base + (1 if later else 0)
+    default_stages = [0.0] * pp
+    for chunk, n in enumerate(default_split(layers, pp * vpp)):
+        default_stages[chunk % pp] += n
+    default_stages[-1] += head
+    # Only a strictly lighter slowest stage is a split of its own (not a reshuffle).
+    return tuple(counts) if slowest(last)[0] < max(default_stages) else None
 
 
 def interleaved_in_flight(pp: int, vpp: int, m: int, stage: int) -> tuple[int, ...]:

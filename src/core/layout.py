@@ -248,6 +248,9 @@ class SearchSpace(Frozen):
     schedule: tuple[Schedule, ...] | None = None
     max_tp: PositiveInt | None = None
     """Upper bound on TP; the scale-up domain when unset."""
+    balance_layers: bool = True
+    """Where the framework places layers unevenly, also try each pipeline with the last
+    stage lighter by the output layer's work (``context.balanced_split``)."""
     allow_tp_beyond_scale_up: bool = False
     """Let TP span more than the scale-up domain (--max-tp, or this, lifts the bound).
     The memory budget is the pricing context's (``PricingOptions.max_mem_gib``)."""

@@ -30,10 +30,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import PricingContext, mtp_room, mtp_room_splits_evenly
+from .context import PricingContext, balanced_split, mtp_room, mtp_room_splits_evenly
 from .errors import InfeasibleError, InvalidInputError
 from .layout import Layout, SearchSpace, dense_etp_error, heads_split, selective_not_offered
-from .model import MoEFFN
+from .model import ModelSpec, MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
 from .pricing import Pricer
@@ -72,27 +72,50 @@ FIELDS = (
     "split",
 )
 Candidate = tuple[int, int, int, int, int, int, int, int, int, int, int, int, int, int, int]
-SPLITS = ("even", "embedding+loss as layers")
-"""How decoder layers split over chunks: evenly (the remainder to middle chunks), or with the
+SPLITS = ("even", "embedding+loss as layers", "balanced")
+"""How decoder layers split over chunks: evenly (the remainder to middle chunks); with the
 embedding and the loss each counted as one layer (Megatron's account-for-embedding/loss:
 the first and last chunks take one layer fewer), which splits 126 layers into 32 chunks, or
-into 128 with the first and last holding no decoder layer."""
+into 128 with the first and last holding no decoder layer; or balanced, the last stage
+lighter by the output layer's work (``context.balanced_split``)."""
 
 
-def split_counts(num_layers: int, chunks: int, split: int) -> tuple[int, ...] | None:
-    """Layers per chunk for a split code (None: the even split)."""
-    if split == 0:
-        return None
-    base = (num_layers + 2) // chunks
-    counts = [base] * chunks
-    counts[0] -= 1
-    counts[-1] -= 1
-    return tuple(counts)
+class LayerSplits:
+    """Layers per chunk for each split code, computed once per pipeline shape."""
+
+    def __init__(self, model: ModelSpec, attention_span: int) -> None:
+        self._model = model
+        self._span = attention_span
+        self._found: dict[tuple[int, int, int], tuple[int, ...] | None] = {}
+
+    @classmethod
+    def of(cls, ctx: PricingContext) -> LayerSplits:
+        found = ctx.cache.get("layer_splits")
+        if found is None:
+            found = ctx.cache["layer_splits"] = cls(ctx.model, ctx.settings.attention_span)
+        return found
+
+    def counts(self, pp: int, chunks: int, split: int) -> tuple[int, ...] | None:
+        """Layers per chunk for a split code (None: the default split)."""
+        if split == 0:
+            return None
+        key = (pp, chunks, split)
+        if key not in self._found:
+            num_layers = self._model.num_layers
+            if split == 1:
+                base = (num_layers + 2) // chunks
+                counts = [base] * chunks
+                counts[0] -= 1
+                counts[-1] -= 1
+                self._found[key] = tuple(counts)
+            else:
+                self._found[key] = balanced_split(self._model, self._span, pp, chunks // pp)
+        return self._found[key]
 
 
-def candidate_layout(c: Candidate, num_layers: int | None = None) -> Layout:
+def candidate_layout(c: Candidate, splits: LayerSplits | None = None) -> Layout:
     """A Layout from a candidate tuple, without re-validating (the loop nest only builds valid
-    ones). ``num_layers`` is needed only for candidates with an uneven split."""
+    ones). ``splits`` is needed only for candidates with an uneven split."""
     tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched, split = c
     chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
     return Layout.model_construct(
@@ -110,7 +133,7 @@ def candidate_layout(c: Candidate, num_layers: int | None = None) -> Layout:
         schedule=SCHEDULES[sched],
         recompute=RECOMPUTES[rec],
         offload_optimizer=bool(offload),
-        layers_per_stage=split_counts(num_layers, chunks, split) if split else None,
+        layers_per_stage=splits.counts(pp, chunks, split) if split else None,
     )
 
 
@@ -185,6 +208,8 @@ def enumerate_candidates(
     gbs, seq = job.global_batch_size, job.seq_length
     heads, kv_heads = model.head_count_for_tp
     num_layers = model.num_layers
+    splits = LayerSplits.of(ctx)
+    balanced = splits if space.balance_layers else None
     experts = next((k.ffn.num_experts for k in model.kinds if isinstance(k.ffn, MoEFFN)), None)
     expert_width = next(
         (k.ffn.expert_intermediate_size for k in model.kinds if isinstance(k.ffn, MoEFFN)), None
@@ -329,6 +354,7 @@ def enumerate_candidates(
                                 fw.uneven_pipeline,
                                 model.num_mtp_layers,
                                 out.reached,
+                                balanced,
                             ):
                                 for zero in zeros:
                                     if pp > 1 and zero > fw.max_zero_with_pipeline:
@@ -372,7 +398,7 @@ def enumerate_candidates(
                                                 out.generated += 1
                                                 reason = None
                                                 for name, rule in rules:
-                                                    if rule(candidate_layout(c, num_layers), ctx):
+                                                    if rule(candidate_layout(c, splits), ctx):
                                                         reason = name
                                                         break
                                                 if reason is not None:
@@ -397,9 +423,20 @@ def _schedules(
     uneven: bool = True,
     mtp_layers: int = 0,
     seen: dict[str, set] | None = None,
+    splits: LayerSplits | None = None,
 ) -> Iterable[tuple[int, str, int]]:
     """(vpp, schedule, split) for one pipeline depth; ``seen`` collects the depths and
-    schedules the layers allow, before the micro-batch rules refuse any."""
+    schedules the layers allow, before the micro-batch rules refuse any. Where the
+    framework places layers unevenly and ``splits`` is given, each (vpp, schedule) also
+    comes with the balanced split when that differs from its own."""
+
+    def with_balanced(vpp: int, sched: str, split: int) -> Iterator[tuple[int, str, int]]:
+        yield vpp, sched, split
+        if uneven and splits is not None and sched != "dualpipev":
+            balanced = splits.counts(pp, pp * vpp, 2)
+            if balanced is not None and balanced != splits.counts(pp, pp * vpp, split):
+                yield vpp, sched, 2
+
     seen = seen if seen is not None else defaultdict(set)
     seen["pp"].add(pp)  # the degrees and the expert rules let a layout get this far
     if pp == 1:
@@ -424,7 +461,7 @@ def _schedules(
                 refuse("dualpipev_needs_microbatches_at_least_2pp", pp=pp, num_microbatches=m)
                 continue
             if _allowed(space.vpp, 1):
-                yield 1, sched, 0
+                yield from with_balanced(1, sched, 0)
     if "interleaved" not in offered or (allowed is not None and "interleaved" not in allowed):
         return
     # With the embedding and the loss counted as layers, pp·vpp may reach layers + 2: the
@@ -452,7 +489,7 @@ def _schedules(
                 "interleaved_needs_microbatches_multiple_of_pp", pp=pp, vpp=vpp, num_microbatches=m
             )
             continue
-        yield vpp, "interleaved", split
+        yield from with_balanced(vpp, "interleaved", split)
 
 
 def reachable_batches(
@@ -573,7 +610,7 @@ class SearchPricing:
         key = ("quick", *candidate_layer_key(c))
         w = ctx.cache.get(key)
         if w is None:
-            layout = candidate_layout(c, ctx.model.num_layers)
+            layout = candidate_layout(c, LayerSplits.of(ctx))
             cost = self.pricer.cost
             w = 0.0
             for kind, count in ctx.model.kind_counts():
@@ -593,7 +630,7 @@ class SearchPricing:
         floored = self._floored
         if len(floored) >= FLOORED_KEPT:
             del floored[next(iter(floored))]
-        layout = floored[c] = candidate_layout(c, ctx.model.num_layers)
+        layout = floored[c] = candidate_layout(c, LayerSplits.of(ctx))
         return quick + fixed(ctx, layout, ctx.placement(layout))
 
     def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
@@ -603,7 +640,7 @@ class SearchPricing:
         pricer = self.pricer
         floored = self._floored
         for c in candidates:
-            layout = floored.pop(c, None) or candidate_layout(c, pricer.ctx.model.num_layers)
+            layout = floored.pop(c, None) or candidate_layout(c, LayerSplits.of(pricer.ctx))
             miss = pricer.lightest_miss(layout)
             # Fix: the shortcut reports the overflow at full recompute; a fixed policy is
             # priced below as stated, so its overflow (and the closest-miss line) matches
@@ -627,7 +664,7 @@ class SearchPricing:
     def price(self, candidates: Sequence[Candidate]) -> list[Priced]:
         out = []
         for c in candidates:
-            layout = candidate_layout(c, self.pricer.ctx.model.num_layers)
+            layout = candidate_layout(c, LayerSplits.of(self.pricer.ctx))
             priced = self.pricer.price(layout)
             mem = tim = None
             if self.debug:
@@ -897,7 +934,7 @@ def search(
     plans: list[Plan] = []
     pricer = pricing.pricer
     for rank, (_, _, _, i, _) in enumerate(results[:k], start=1):
-        priced = pricer.price(candidate_layout(candidates[i], ctx.model.num_layers))
+        priced = pricer.price(candidate_layout(candidates[i], LayerSplits.of(ctx)))
         plans.append(pricer.plan(priced, rank=rank))
     t_end = time.perf_counter()
     summary = SearchSummary(

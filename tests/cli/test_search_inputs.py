@@ -193,6 +193,7 @@ def test_a_fixed_etp_apart_from_tp_is_searched_as_estimate_prices_it(capsys) -> 
         ("max_mem: .inf\n", "max_mem: must be a positive number of GiB, got inf"),
         ("reserve: -1\n", "reserve: must be a non-negative number of GiB, got -1"),
         ("max_tp: 0\n", "max_tp: must be a whole number ≥ 1, got 0"),
+        ("balance_layers: 0\n", "balance_layers: must be true or false, got 0"),
     ],
 )
 def test_space_file_values_of_the_wrong_type_are_refused(
@@ -228,6 +229,37 @@ def test_a_space_file_states_the_memory_budget_and_a_flag_overrides_it(
     )
     assert code == 0, err
     assert {p["memory"]["capacity_bytes"] for p in plans(out)} == {40 * 2**30}
+
+
+# ----------------------------------------------------------------------------- layer split
+
+PIPELINED = ("-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "64", "-s", "8192")
+PIPELINED += ("--pp", "16", "--tp", "1", "--vpp", "1", "--mbs", "1", "-j", "1")
+
+
+def test_the_balanced_split_is_searched_marked_and_can_be_turned_off(
+    capsys, tmp_path: Path
+) -> None:
+    """At pp 16 Llama 3 8B's output layer is two layers of work: the balanced split wins,
+    the table marks it and --json states its layers; --even-layers (or the space file's
+    balance_layers: false) searches even splits only."""
+    code, out, err = invoke(capsys, "search", *PIPELINED, "--json", "-t", "3")
+    assert code == 0, err
+    best = plans(out)[0]
+    assert best["layout"]["layers_per_stage"] == [2] * 13 + [3, 3, 0]
+    code, table, err = invoke(capsys, "search", *PIPELINED, "-t", "3")
+    assert code == 0, err
+    assert "16* " in table and "* layers placed unevenly" in table
+    code, out, err = invoke(capsys, "search", *PIPELINED, "--json", "--even-layers")
+    assert code == 0, err
+    even = plans(out)
+    assert all(p["layout"]["layers_per_stage"] is None for p in even)
+    assert even[0]["time"]["step_s"] > best["time"]["step_s"]
+    space = tmp_path / "space.yaml"
+    space.write_text("balance_layers: false\n", encoding="utf-8")
+    code, out, err = invoke(capsys, "search", *PIPELINED, "--json", "--space", str(space))
+    assert code == 0, err
+    assert [p["layout"] for p in plans(out)] == [p["layout"] for p in even]
 
 
 # ----------------------------------------------------------------------------- plugins

@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import gc
 import importlib
-import inspect
 import itertools
 import json
 import math
@@ -34,6 +33,7 @@ from ndplan.core.search import (
     FIELDS,
     RECOMPUTES,
     SCHEDULES,
+    LayerSplits,
     SearchPricing,
     candidate_layout,
     divisors,
@@ -137,10 +137,8 @@ def as_candidate(d: dict) -> tuple[int, ...]:
 
 
 def layout_of(c: tuple[int, ...], ctx: PricingContext) -> Layout:
-    """``candidate_layout``, with the layer count when it takes one (uneven splits)."""
-    if "num_layers" in inspect.signature(candidate_layout).parameters:
-        return candidate_layout(c, ctx.model.num_layers)
-    return candidate_layout(c)
+    """``candidate_layout``, with the context's layer splits (uneven splits)."""
+    return candidate_layout(c, LayerSplits.of(ctx))
 
 
 def moe_shape(ctx: PricingContext) -> tuple[int | None, int | None]:
@@ -190,7 +188,8 @@ def check_valid(ctx: PricingContext, c: tuple[int, ...]) -> None:
     mbs, m, zero, sp, offload = (
         f[k] for k in ("mbs", "num_microbatches", "zero", "sp", "offload_optimizer")
     )
-    rec, sched, uneven = f["recompute"], f["schedule"], f.get("split", 0)
+    rec, sched, split = f["recompute"], f["schedule"], f["split"]
+    uneven = split == core_search.SPLITS.index("embedding+loss as layers")
     n, gbs, seq = ctx.cluster.num_devices, ctx.job.global_batch_size, ctx.job.seq_length
     heads, kv = ctx.model.head_count_for_tp
     layers = ctx.model.num_layers
@@ -213,12 +212,20 @@ def check_valid(ctx: PricingContext, c: tuple[int, ...]) -> None:
         # an even split, or (where the framework allows) embedding and loss as a layer each,
         # or an MTP model's room for MTP and the loss on the last chunk
         held = 1 + 2 * ctx.model.num_mtp_layers if ctx.model.num_mtp_layers else 0
+        even = layers % (pp * vpp) == 0 or (held and (layers + held) % (pp * vpp) == 0)
         if uneven:
             assert (layers + 2) % (pp * vpp) == 0, c
+        elif split == core_search.SPLITS.index("balanced"):  # beside either, at no vpp of its own
+            assert even or (layers + 2) % (pp * vpp) == 0, c
         else:
-            assert layers % (pp * vpp) == 0 or (held and (layers + held) % (pp * vpp) == 0), c
+            assert even, c
     else:
         assert schedule != "interleaved" and not uneven, c
+    if split == core_search.SPLITS.index("balanced"):
+        # only where layers may sit unevenly, on a pipeline, and it is a split of its own
+        assert ctx.framework.uneven_pipeline and pp > 1 and schedule != "dualpipev", c
+        counts = layout_of(c, ctx).layers_per_stage
+        assert counts is not None and sum(counts) == layers and len(counts) == pp * vpp, c
     if experts is None:
         assert (ep, etp) == (1, tp), c
     else:
@@ -381,7 +388,7 @@ def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
         assert screened.bound_s <= priced.step_s + tol, (d, screened.bound_s, priced.step_s)
         seen[d["schedule"]] += 1
         if d["recompute"] == "auto":
-            layout = candidate_layout(c, fresh.model.num_layers)
+            layout = candidate_layout(c, LayerSplits.of(fresh))
             fastest = pricing.pricer.price(layout.model_copy(update={"recompute": "none"}))
             if screened.bound_s > fastest.time.step_s + tol:
                 seen["raised"] += 1
@@ -408,7 +415,7 @@ def test_bounds_follow_the_cost_models_own_overhead(planner) -> None:
     candidates = core_search.enumerate_candidates(ctx, SearchSpace(), ()).candidates
     checked = 0
     for c in candidates[:: max(1, len(candidates) // 1000)]:
-        priced = pricing.pricer.price(candidate_layout(c, ctx.model.num_layers))
+        priced = pricing.pricer.price(candidate_layout(c, LayerSplits.of(ctx)))
         if not priced.fits:
             continue
         quick = pricing.quick_bound(c)
@@ -806,7 +813,7 @@ def test_embedding_and_loss_may_take_a_chunk_of_their_own(planner) -> None:
     enum = enumerate_candidates(ctx, space)
     by_vpp = {dict(zip(FIELDS, c, strict=True))["vpp"]: c for c in enum.candidates}
     assert 8 in by_vpp and 9 not in by_vpp
-    layout = candidate_layout(by_vpp[8], ctx.model.num_layers)
+    layout = candidate_layout(by_vpp[8], LayerSplits.of(ctx))
     assert layout.layers_per_stage == (0,) + (1,) * 126 + (0,)
     stages = ctx.placement(layout)
     assert stages[0].chunks[0].stop == stages[0].chunks[0].start  # embedding only
@@ -829,7 +836,7 @@ def test_an_mtp_model_interleaves_over_chunks_that_leave_room_for_mtp(planner) -
     }
     assert {(4, 4), (8, 2), (4, 2), (8, 4)} - found == {(8, 4)}  # 32 chunks: no room for 3
     c = next(c for c in enum.candidates if dict(zip(FIELDS, c, strict=True))["vpp"] == 4)
-    layout = candidate_layout(c, ctx.model.num_layers)
+    layout = candidate_layout(c, LayerSplits.of(ctx))
     counts = [ch.stop - ch.start for s in ctx.placement(layout) for ch in s.chunks]
     assert sorted(counts) == [1] + [4] * 15 and ctx.placement(layout)[-1].has_mtp
 

@@ -1,0 +1,113 @@
+"""The balanced layer split: the last stage lighter by the output layer's work.
+
+Checked as properties over real presets and pipeline shapes: the split places every layer,
+its slowest stage (in forward FLOPs, the output layer on the last stage) is never slower
+than the default split's, the surplus goes to the stages nearest the end, and the search
+offers it beside the even split and prices it as placed."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ndplan.core.context import balanced_split, default_split, place_layers
+from ndplan.core.counting import count_flops
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout, SearchSpace
+from ndplan.core.search import SPLITS
+from ndplan.planner import Planner
+
+DENSE = ("llama-3-8b", "llama-3-70b", "llama-3.1-405b", "gpt3-175b", "qwen3-30b-a3b")
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    return Planner()
+
+
+def stage_loads(model, seq: int, pp: int, counts: tuple[int, ...]) -> list[float]:
+    """Forward FLOPs per token of each stage in mean decoder layers, the output layer on
+    the last stage."""
+    flops = count_flops(model, seq)
+    logits = flops.forward_parts["logits"]
+    head = logits / ((flops.forward_flops_per_token - logits) / model.num_layers)
+    loads = [0.0] * pp
+    for chunk, n in enumerate(counts):
+        loads[chunk % pp] += n
+    loads[-1] += head
+    return loads
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(DENSE),
+    pp=st.integers(2, 16),
+    vpp=st.integers(1, 6),
+    seq=st.sampled_from([2048, 8192, 32768]),
+)
+def test_the_balanced_split_places_every_layer_and_never_slows_the_slowest_stage(
+    planner: Planner, name: str, pp: int, vpp: int, seq: int
+) -> None:
+    model = planner.model(name)
+    if pp * vpp > model.num_layers:
+        return
+    counts = balanced_split(model, seq, pp, vpp)
+    default = default_split(model.num_layers, pp * vpp)
+    if counts is None:  # the default split is already the balanced one
+        return
+    assert len(counts) == pp * vpp and sum(counts) == model.num_layers
+    assert min(counts) >= 0
+    balanced, even = stage_loads(model, seq, pp, counts), stage_loads(model, seq, pp, default)
+    assert max(balanced) < max(even)
+    per_stage = [round(x) for x in balanced[:-1]]
+    # The surplus sits on the later stages, which hold fewer micro-batches in flight.
+    assert per_stage == sorted(per_stage) and per_stage[-1] - per_stage[0] <= 1
+
+
+def test_a_heavy_output_layer_moves_layers_off_the_last_stage(planner: Planner) -> None:
+    """Llama 3 8B's 128k-word output layer is about two layers of GEMM: at pp 16 the
+    last stage keeps no decoder layer, and the slowest stage drops from 4.1 to 3 layers."""
+    model = planner.model("llama-3-8b")
+    counts = balanced_split(model, 8192, 16, 1)
+    assert counts == (2,) * 13 + (3, 3, 0)
+    assert max(stage_loads(model, 8192, 16, counts)) == pytest.approx(3.0)
+
+
+def test_no_balanced_split_where_it_cannot_apply(planner: Planner) -> None:
+    dense = planner.model("llama-3-70b")
+    assert balanced_split(dense, 8192, 1, 1) is None  # one stage
+    assert balanced_split(planner.model("deepseek-v3"), 4096, 4, 1) is None  # MTP's own rule
+    # 126 layers at pp 2: 63 + 63 + 0.6 is already the best integer split.
+    assert balanced_split(planner.model("llama-3.1-405b"), 8192, 2, 1) is None
+
+
+def test_the_search_offers_the_balanced_split_and_prices_it_as_placed(planner: Planner) -> None:
+    """Llama 3 8B on 16 H100 at pp 16: the balanced split is a candidate of its own beside
+    the even one, the plan carries its layer counts, and it is faster, being priced on the
+    stages it places."""
+    model = planner.model("llama-3-8b")
+    job = Job(global_batch_size=64, seq_length=8192)
+    ctx = planner.context(model, planner.device("h100"), 16, job)
+    space = SearchSpace(pp=(16,), vpp=(1,), tp=(1,), mbs=(1,), recompute=("full",))
+    found = planner.search(ctx, space, top_k=10)
+    by_split = {cand["split"]: priced for cand, priced in found.ranking}
+    assert set(by_split) == {"even", "balanced"}
+    assert found.ranking[0][0]["split"] == "balanced"
+    best = found.result.plans[0]
+    assert best.layout.layers_per_stage == (2,) * 13 + (3, 3, 0)
+    stages = place_layers(model, best.layout)
+    assert [c.stop - c.start for s in stages for c in s.chunks] == [2] * 13 + [3, 3, 0]
+    even = planner.estimate(ctx, best.layout.model_copy(update={"layers_per_stage": None}))
+    assert best.time.step_s < even.time.step_s
+    assert SPLITS.index("balanced") == 2
+
+
+def test_frameworks_without_uneven_pipelines_get_only_even_splits(planner: Planner) -> None:
+    model = planner.model("llama-3-8b")
+    job = Job(global_batch_size=64, seq_length=8192, framework="deepspeed")
+    ctx = planner.context(model, planner.device("h100"), 16, job)
+    found = planner.search(ctx, SearchSpace(pp=(16,), tp=(1,), mbs=(1,)), top_k=10)
+    assert found.ranking and {cand["split"] for cand, _ in found.ranking} == {"even"}
+    assert all(p.layout.layers_per_stage is None for p in found.result.plans)
+    assert Layout().layers_per_stage is None
