@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ndplan.core.context import balanced_split, default_split, place_layers
+from ndplan.core.context import MIN_BALANCE_GAIN, balanced_split, default_split, place_layers
 from ndplan.core.counting import count_flops
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout, SearchSpace
@@ -59,7 +59,7 @@ def test_the_balanced_split_places_every_layer_and_never_slows_the_slowest_stage
     assert len(counts) == pp * vpp and sum(counts) == model.num_layers
     assert min(counts) >= 0
     balanced, even = stage_loads(model, seq, pp, counts), stage_loads(model, seq, pp, default)
-    assert max(balanced) < max(even)
+    assert max(balanced) <= (1 - MIN_BALANCE_GAIN) * max(even) + 1e-9
     per_stage = [round(x) for x in balanced[:-1]]
     # The surplus sits on the later stages, which hold fewer micro-batches in flight.
     assert per_stage == sorted(per_stage) and per_stage[-1] - per_stage[0] <= 1
@@ -74,9 +74,12 @@ def test_a_heavy_output_layer_moves_layers_off_the_last_stage(planner: Planner) 
     assert max(stage_loads(model, 8192, 16, counts)) == pytest.approx(3.0)
 
 
-def test_no_balanced_split_where_it_cannot_apply(planner: Planner) -> None:
+def test_no_balanced_split_where_it_cannot_apply_or_gains_too_little(planner: Planner) -> None:
     dense = planner.model("llama-3-70b")
     assert balanced_split(dense, 8192, 1, 1) is None  # one stage
+    # Llama 3 70B at pp 4: 21 layers against 20 + 1.1 on the slowest stage, under 1 %.
+    assert balanced_split(dense, 8192, 4, 1) is None
+    assert balanced_split(dense, 8192, 16, 1) is not None  # 6 against 5 + 1.1
     assert balanced_split(planner.model("deepseek-v3"), 4096, 4, 1) is None  # MTP's own rule
     # 126 layers at pp 2: 63 + 63 + 0.6 is already the best integer split.
     assert balanced_split(planner.model("llama-3.1-405b"), 8192, 2, 1) is None
