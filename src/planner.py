@@ -16,6 +16,7 @@ from ndplan.adapters.executors.faults import GuardedPricing, guarded_rule
 from ndplan.adapters.readers.resolve import load_model
 from ndplan.bootstrap import Components, bootstrap
 from ndplan.core.assumptions import AssumptionRecorder
+from ndplan.core.balance import balance as run_balance
 from ndplan.core.calibration import Calibration
 from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
@@ -30,7 +31,7 @@ from ndplan.core.layout import (
     selective_not_offered,
 )
 from ndplan.core.model import ModelSpec, MoEFFN
-from ndplan.core.plan import Plan
+from ndplan.core.plan import BalanceResult, Plan
 from ndplan.core.ports import DebugSink, Executor
 from ndplan.core.pricing import Pricer
 from ndplan.core.search import SearchHooks, SearchOutcome, SearchPricing, SearchSettings
@@ -122,6 +123,21 @@ class Planner:
             plan = pricer.plan(priced)
             return plan.model_copy(update={"memory": memory})
         return pricer.plan(pricer.price(layout))
+
+    def balance(
+        self, ctx: PricingContext, layout: Layout, options: PricingOptions | None = None
+    ) -> BalanceResult:
+        """The pipeline balancer: per-chunk layer counts (and with ``recompute auto`` the
+        per-layer recompute) that make ``layout``'s step fastest within memory."""
+        validate_layout(ctx, layout)
+        pricer = self.pricer(ctx, options)
+        found = run_balance(pricer, layout)
+        return BalanceResult(
+            start=pricer.plan(found.start),
+            balanced=pricer.plan(found.best),
+            moved=found.moved,
+            priced=found.priced,
+        )
 
     # ------------------------------------------------------------------ search
 

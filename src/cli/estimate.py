@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import inspect
+from typing import Annotated, Any
 
 import typer
 from pydantic import ValidationError
+from rich.text import Text
 
+from ndplan.adapters.exporters.megatron import pipeline_layout
+from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError
 from ndplan.core.layout import Layout
+from ndplan.core.plan import BalanceResult
 from ndplan.planner import PricingOptions
 
 from .common import (
@@ -99,7 +104,36 @@ def layout_from_flags(
         raise InvalidInputError(f"layout: {msg.removeprefix('Value error, ')}") from None
 
 
-def estimate(
+def parse_layers_per_chunk(text: str, layout: Layout, pctx: PricingContext) -> tuple[int, ...]:
+    """``--layers-per-chunk 2,2,3,1`` checked against the layout and the framework."""
+    flag = "--layers-per-chunk"
+    try:
+        counts = tuple(int(v) for v in text.replace(" ", "").split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 0:
+        raise InvalidInputError(
+            f"{flag}: {text!r} is not a comma-separated list of whole numbers ≥ 0, e.g. 20,20,21,19"
+        )
+    if not pctx.framework.uneven_pipeline:
+        raise InvalidInputError(
+            f"{flag}: {pctx.framework.name} splits layers evenly; drop the flag or use another "
+            "--framework"
+        )
+    layers = pctx.model.num_layers
+    if len(counts) != layout.chunks:
+        raise InvalidInputError(
+            f"{flag}: {len(counts)} numbers for pp·vpp = {layout.chunks} chunks; give one per chunk"
+        )
+    if sum(counts) != layers:
+        raise InvalidInputError(
+            f"{flag}: the counts sum to {sum(counts)}, the model has {layers} layers; make them add up"
+        )
+    return counts
+
+
+def _layout_command(
+    balancing: bool,
     ctx: typer.Context,
     model: ModelOpt,
     device: DeviceOpt,
@@ -166,6 +200,15 @@ def estimate(
             show_default=False,
         ),
     ] = None,
+    layers_per_chunk: Annotated[
+        str | None,
+        typer.Option(
+            "--layers-per-chunk",
+            help="Decoder layers per pipeline chunk in chunk order, comma-separated (pp·vpp "
+            "numbers, as a search's layout.layers_per_stage) [default: even].",
+            show_default=False,
+        ),
+    ] = None,
     precision: PrecisionOpt = None,
     framework: FrameworkOpt = None,
     attention: AttentionOpt = None,
@@ -192,10 +235,7 @@ def estimate(
     device_file: DeviceFiles = None,
     as_json: Json = False,
 ) -> None:
-    """Price one layout: memory per stage with its parts, whether it fits, the step time.
-
-    Example: ndplan estimate -m llama-3-70b -d h100 -n 64 --gbs 128 -s 8192 --tp 4 --pp 4 --vpp 5 --cp 2
-    """
+    """``estimate`` and ``balance``: one layout from the flags, priced or balanced."""
     if recompute not in ("none", "selective", "full", "auto"):
         raise InvalidInputError(
             f"--recompute: '{recompute}' unknown; use none, selective, full or auto"
@@ -260,14 +300,33 @@ def estimate(
         offload=offload_optimizer,
         schedule=schedule,
     )
+    if layers_per_chunk is not None:
+        counts = parse_layers_per_chunk(layers_per_chunk, layout, pctx)
+        layout = layout.model_copy(update={"layers_per_stage": counts})
     if sp and layout.tp == 1:  # as Megatron does, with a word
         note(SP_AT_TP_1, warning=True)
         layout = layout.model_copy(update={"sp": False})  # the layout as priced
-    plan = planner.estimate(pctx, layout, options)
-    if as_json:
-        print_json(plan)
+    if balancing:
+        if memory_mode != "ndplan":
+            raise InvalidInputError(
+                "--memory-mode megatron has no per-stage placement to balance; drop it"
+            )
+        result = planner.balance(pctx, layout, options)
+        plan = result.balanced
+        if as_json:
+            print_json(result)
+        else:
+            stdout.print(plan_report(pctx, plan))
+            stdout.print(Text(balance_line(result, given=layers_per_chunk is not None)))
+            if pctx.framework.name == "megatron" and layout.schedule != "dualpipev":
+                flag = pipeline_layout(pctx.model, plan.layout)
+                stdout.print(Text(f'megatron: --pipeline-model-parallel-layout "{flag}"'))
     else:
-        stdout.print(plan_report(pctx, plan))
+        plan = planner.estimate(pctx, layout, options)
+        if as_json:
+            print_json(plan)
+        else:
+            stdout.print(plan_report(pctx, plan))
     warning = unfilled_pipeline_warning([plan])
     if warning:
         note(warning, warning=True)
@@ -276,5 +335,53 @@ def estimate(
         note(line)
 
 
+def balance_line(result: BalanceResult, *, given: bool) -> str:
+    """How the balanced placement compares with the split it started from."""
+    start, best = result.start, result.balanced
+    split = "the given split" if given else "the default split"
+    priced = f"{result.priced} placements priced"
+    if start.layout.layers_per_stage == best.layout.layers_per_stage or result.moved == 0:
+        return f"balanced: no move makes {split} faster within memory ({priced})"
+    gib = 2**30
+    if start.memory.fits:
+        change = best.time.step_s / start.time.step_s - 1
+        against = f"{start.time.step_s:.3f} s with {split} ({100 * change:+.1f} %)"
+    else:
+        over = (start.memory.peak_bytes - start.memory.budget_bytes) / gib
+        against = (
+            f"{split}, which is over memory by {over:.2f} GiB on stage {start.memory.peak_stage}"
+        )
+    return (
+        f"balanced: {best.time.step_s:.3f} s per step against {against}; peak "
+        f"{best.memory.peak_bytes / gib:.1f} GiB on stage {best.memory.peak_stage} against "
+        f"{start.memory.peak_bytes / gib:.1f} GiB; {result.moved} layers moved; {priced}"
+    )
+
+
+def estimate(**flags: Any) -> None:
+    """Price one layout: memory per stage with its parts, whether it fits, the step time.
+
+    Example: ndplan estimate -m llama-3-70b -d h100 -n 64 --gbs 128 -s 8192 --tp 4 --pp 4 --vpp 5 --cp 2
+    """
+    _layout_command(False, **flags)
+
+
+def balance(**flags: Any) -> None:
+    """The pipeline balancer on one layout: per-chunk layer counts (and with --recompute
+    auto the per-layer recompute) that make the step fastest within memory, against the
+    layout's own split. Starts from --layers-per-chunk when given.
+
+    Example: ndplan balance -m llama-3-8b -d h100 -n 16 --gbs 64 -s 8192 --pp 16 --recompute auto
+    """
+    _layout_command(True, **flags)
+
+
+# Both commands take exactly the layout flags; typer reads them from this signature.
+_FLAGS = inspect.signature(_layout_command, eval_str=True)
+for _command in (estimate, balance):
+    _command.__signature__ = _FLAGS.replace(parameters=list(_FLAGS.parameters.values())[1:])
+
+
 def register(app: typer.Typer) -> None:
     app.command()(estimate)
+    app.command()(balance)

@@ -118,3 +118,16 @@ class SearchResult(Frozen):
     summary: SearchSummary
     plans: tuple[Plan, ...]
     assumptions: tuple[str, ...] = ()
+
+
+class BalanceResult(Frozen):
+    """The pipeline balancer on one layout: the layout as given and as balanced."""
+
+    start: Plan
+    """The layout with its own split (the given counts, or the default split)."""
+    balanced: Plan
+    """The per-chunk layer counts the balancer chose (``layout.layers_per_stage``)."""
+    moved: int
+    """Layers on another stage than in the starting split."""
+    priced: int
+    """Placements priced on the way."""

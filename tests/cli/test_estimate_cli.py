@@ -605,3 +605,59 @@ def test_fewer_micro_batches_than_stages_is_priced_but_warned(
         ]
     code, _, err = invoke(capsys, *LLAMA_8B, "-n", "8", "--gbs", "8", "-s", "4096", "--pp", "4")
     assert code == 0 and "warning:" not in err
+
+
+PP16 = ("-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "64", "-s", "8192", "--pp", "16")
+
+
+def test_layers_per_chunk_prices_the_split_a_search_chose(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The balanced split the search ranks first for Llama 3 8B at pp 16, given back to
+    estimate, prices the same step time; the even split is slower."""
+    code, out, err = run_search(capsys, *PP16, "--tp", "1", "--vpp", "1", "--mbs", "1", "-t", "1")
+    assert code == 0, err
+    best = json.loads(out)["plans"][0]
+    counts = best["layout"]["layers_per_stage"]
+    assert counts == [2] * 13 + [3, 3, 0]
+    argv = (*PP16, "--recompute", "auto")
+    priced = estimate_json(capsys, *argv, "--layers-per-chunk", ",".join(map(str, counts)))
+    assert priced["layout"]["layers_per_stage"] == counts
+    assert priced["time"]["step_s"] == pytest.approx(best["time"]["step_s"], rel=1e-12)
+    even = estimate_json(capsys, *argv)
+    assert even["layout"]["layers_per_stage"] is None
+    assert even["time"]["step_s"] > priced["time"]["step_s"]
+    code, out, err = invoke(capsys, *argv, "--layers-per-chunk", ",".join(map(str, counts)))
+    assert code == 0 and "layers per chunk: 2 ×13, 3 ×2, 0" in out
+
+
+def run_search(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = run(["search", *argv, "--json", "-j", "1"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("value", "extra", "says"),
+    [
+        ("2,x", (), "--layers-per-chunk: '2,x' is not a comma-separated list of whole numbers ≥ 0"),
+        ("-1," + "2," * 14 + "3", (), "is not a comma-separated list of whole numbers ≥ 0"),
+        ("2,2", (), "--layers-per-chunk: 2 numbers for pp·vpp = 16 chunks; give one per chunk"),
+        (
+            "3," * 15 + "3",
+            (),
+            "--layers-per-chunk: the counts sum to 48, the model has 32 layers; make them add up",
+        ),
+        (
+            "2," * 15 + "2",
+            ("--framework", "deepspeed"),
+            "--layers-per-chunk: deepspeed splits layers evenly; drop the flag",
+        ),
+    ],
+)
+def test_layers_per_chunk_that_cannot_be_placed_are_refused(
+    capsys: pytest.CaptureFixture[str], value: str, extra: tuple[str, ...], says: str
+) -> None:
+    code, out, err = invoke(capsys, *PP16, *extra, "--layers-per-chunk", value)
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    assert says in one_error_line(err)

@@ -1,0 +1,87 @@
+"""``ndplan balance``: the pipeline balancer on one layout, from the command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ndplan.cli import output
+from ndplan.cli.app import run
+
+PP16 = ("-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "64", "-s", "8192", "--pp", "16")
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(output.stdout, "_width", 200)
+
+
+def invoke(capsys, *argv: str) -> tuple[int, str, str]:
+    code = run(["balance", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_balance_prints_the_placement_its_gain_and_the_megatron_layout(capsys) -> None:
+    code, out, err = invoke(capsys, *PP16, "--recompute", "auto")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("balanced: "))
+    assert "s per step against" in line and "with the default split" in line
+    assert "layers moved" in line and "placements priced" in line
+    layout = next(x for x in out.splitlines() if x.startswith("megatron: "))
+    flag = layout.split('"')[1]
+    assert flag.startswith("E") and flag.endswith("L") and flag.count("|") == 15
+    assert flag.count("t") == 32
+    assert "layers per chunk: " in out  # the plan report of the balanced placement
+
+
+def test_balance_json_is_the_start_and_the_balanced_plan(capsys) -> None:
+    code, out, err = invoke(capsys, *PP16, "--recompute", "auto", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result) == {"start", "balanced", "moved", "priced"}
+    counts = result["balanced"]["layout"]["layers_per_stage"]
+    assert sum(counts) == 32 and len(counts) == 16
+    assert result["start"]["layout"]["layers_per_stage"] is None
+    assert result["balanced"]["time"]["step_s"] < result["start"]["time"]["step_s"]
+    # estimate prices the balanced counts the same
+    code, out, err = run_estimate(capsys, *PP16, "--recompute", "auto", "--json", counts)
+    assert code == 0, err
+    assert json.loads(out)["time"]["step_s"] == pytest.approx(
+        result["balanced"]["time"]["step_s"], rel=1e-12
+    )
+
+
+def run_estimate(capsys, *argv) -> tuple[int, str, str]:
+    *flags, counts = argv
+    code = run(["estimate", *flags, "--layers-per-chunk", ",".join(map(str, counts))])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_balance_starts_from_given_counts(capsys) -> None:
+    start = ",".join(["2"] * 16)
+    code, out, err = invoke(capsys, *PP16, "--layers-per-chunk", start, "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["start"]["layout"]["layers_per_stage"] == [2] * 16
+    code, out, err = invoke(capsys, *PP16, "--layers-per-chunk", start)
+    assert code == 0 and "with the given split" in out
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (("--pp", "1"), "balance: the layout has one pipeline stage (pp 1), nothing to balance"),
+        (("--framework", "deepspeed"), "balance: deepspeed splits layers evenly"),
+        (("--memory-mode", "megatron"), "--memory-mode megatron has no per-stage placement"),
+    ],
+)
+def test_balance_refuses_what_it_cannot_balance(capsys, extra, says) -> None:
+    code, out, err = invoke(capsys, *PP16, *extra)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 3 and out == "" and len(lines) == 1, err
+    assert lines[0].startswith("ndplan: error: ") and says in lines[0]
