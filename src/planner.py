@@ -31,7 +31,7 @@ from ndplan.core.layout import (
     selective_not_offered,
 )
 from ndplan.core.model import ModelSpec, MoEFFN
-from ndplan.core.plan import BalanceResult, Plan
+from ndplan.core.plan import BalanceResult, Plan, SearchResult
 from ndplan.core.ports import DebugSink, Executor
 from ndplan.core.pricing import Pricer
 from ndplan.core.search import SearchHooks, SearchOutcome, SearchPricing, SearchSettings
@@ -138,6 +138,33 @@ class Planner:
             moved=found.moved,
             priced=found.priced,
         )
+
+    def rebalance(
+        self, ctx: PricingContext, result: SearchResult, options: PricingOptions | None = None
+    ) -> SearchResult:
+        """Re-balance a search's top plans with the pipeline balancer and re-rank them
+        (spec: the search's last step). Pipelined plans of frameworks that place layers
+        unevenly take the balancer's placement where it is faster; the order is then step
+        time, peak memory and the search's own rank; a placement two plans reach is
+        kept once. Serial and deterministic, whatever executor the search ran on."""
+        pricer = self.pricer(ctx, options)
+        uneven = ctx.framework.uneven_pipeline
+        moved = 0
+        plans: list[tuple[tuple, Plan]] = []
+        for plan in result.plans:
+            if uneven and plan.layout.pp > 1:
+                found = run_balance(pricer, plan.layout)
+                if found.best.fits and found.best.time.step_s < plan.time.step_s:
+                    plan = pricer.plan(found.best)
+                    moved += 1
+            plans.append(((plan.time.step_s, plan.memory.peak_bytes, plan.rank), plan))
+        kept, seen = [], set()
+        for _, plan in sorted(plans, key=lambda item: item[0]):
+            if plan.layout not in seen:
+                seen.add(plan.layout)
+                kept.append(plan.model_copy(update={"rank": len(kept) + 1}))
+        summary = result.summary.model_copy(update={"rebalanced": moved})
+        return result.model_copy(update={"summary": summary, "plans": tuple(kept)})
 
     # ------------------------------------------------------------------ search
 

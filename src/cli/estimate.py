@@ -354,7 +354,7 @@ def balance_line(result: BalanceResult, *, given: bool) -> str:
     return (
         f"balanced: {best.time.step_s:.3f} s per step against {against}; peak "
         f"{best.memory.peak_bytes / gib:.1f} GiB on stage {best.memory.peak_stage} against "
-        f"{start.memory.peak_bytes / gib:.1f} GiB; {result.moved} layers moved; {priced}"
+        f"{start.memory.peak_bytes / gib:.1f} GiB; {result.moved} layer{'s' if result.moved != 1 else ''} moved; {priced}"
     )
 
 

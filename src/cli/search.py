@@ -365,6 +365,7 @@ def summary_line(result: SearchResult) -> str:
         + f" · over memory {s.over_memory:,} · bounded {s.bounded:,} · priced {s.priced:,} · "
         f"{sec.total:.2f} s (enumerate {sec.enumerate:.2f}, memory {sec.memory:.2f}, bound {sec.bound:.2f}, "
         f"price {sec.price:.2f})"
+        + (f" · rebalanced {s.rebalanced:,}" if s.rebalanced is not None else "")
     )
 
 
@@ -481,6 +482,15 @@ def search_cmd(
             "--max-tp", min=1, help="Largest TP [default: the scale-up domain].", show_default=False
         ),
     ] = None,
+    rebalance: Annotated[
+        bool,
+        typer.Option(
+            "--rebalance",
+            help="Re-balance the top K pipelined plans with the pipeline balancer (as `ndplan "
+            "balance`: layers moved between stages, every placement priced) and re-rank "
+            "them; --ranking-csv keeps the search's own ranking.",
+        ),
+    ] = False,
     balance_layers: Annotated[
         bool | None,
         typer.Option(
@@ -682,6 +692,8 @@ def search_cmd(
         for sink in sinks:
             sink.close()
         result = outcome.result
+        if rebalance:
+            result = planner.rebalance(pctx, result, options)
         if explain > len(result.plans):  # checked before anything is written
             raise InvalidInputError(
                 f"--explain {explain}: only {len(result.plans)} plans fit; "
@@ -731,6 +743,8 @@ def _check_debug_dir(directory: Path, sinks: list, force: bool) -> None:
 
 def result_json(result: SearchResult) -> dict:
     data = result.model_dump(mode="json")
+    if data["summary"]["rebalanced"] is None:  # not asked for: the summary as ever
+        del data["summary"]["rebalanced"]
     return {"summary": data["summary"], "assumptions": data["assumptions"], "plans": data["plans"]}
 
 

@@ -112,6 +112,9 @@ class SearchSummary(Frozen):
     """Skipped: their lower bound could not enter the top K."""
     priced: int
     seconds: PhaseTimes = Field(default_factory=PhaseTimes)
+    rebalanced: int | None = None
+    """With re-balancing asked for: how many of the top plans the pipeline balancer
+    made faster (their layers moved between stages) before they were re-ranked."""
 
 
 class SearchResult(Frozen):

@@ -85,3 +85,29 @@ def test_balance_refuses_what_it_cannot_balance(capsys, extra, says) -> None:
     lines = [x for x in err.splitlines() if x.strip()]
     assert code == 3 and out == "" and len(lines) == 1, err
     assert lines[0].startswith("ndplan: error: ") and says in lines[0]
+
+
+SEARCH = ("-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "64", "-s", "8192", "--pp", "16")
+
+
+def search_json(capsys, *argv: str) -> dict:
+    code = run(["search", *SEARCH, *argv, "--json", "-t", "5"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    data = json.loads(captured.out)
+    data["summary"].pop("seconds")
+    return data
+
+
+def test_search_rebalance_re_ranks_the_top_plans_and_is_the_same_on_any_executor(capsys) -> None:
+    plain = search_json(capsys, "-j", "1")
+    assert "rebalanced" not in plain["summary"]  # the summary as ever when not asked
+    moved = search_json(capsys, "-j", "1", "--rebalance")
+    assert moved["summary"]["rebalanced"] >= 1
+    steps = [p["time"]["step_s"] for p in moved["plans"]]
+    assert steps == sorted(steps)
+    assert steps[0] <= plain["plans"][0]["time"]["step_s"]
+    assert [p["rank"] for p in moved["plans"]] == list(range(1, len(steps) + 1))
+    layouts = [json.dumps(p["layout"], sort_keys=True) for p in moved["plans"]]
+    assert len(set(layouts)) == len(layouts)
+    assert search_json(capsys, "-j", "2", "--rebalance") == moved
