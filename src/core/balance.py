@@ -85,14 +85,14 @@ def balance(pricer: Pricer, layout: Layout, *, max_rounds: int = MAX_ROUNDS) -> 
     stage_of = [chunk_stage(layout, c) for c in range(chunks)]
     for _ in range(max_rounds):
         score, priced = price(current)
-        best_counts, best_score = current, score
-        for counts in _moves(current, priced, stage_of, layout.pp, ctx.budget_bytes):
-            candidate = price(counts)[0]
-            if candidate < best_score:
-                best_counts, best_score = counts, candidate
-        if best_counts == current:
+        moves = _moves(current, priced, stage_of, layout.pp, ctx.budget_bytes)
+        if not moves:
             break
-        current = best_counts
+        # The counts only break ties between moves: a move must gain something real.
+        best = min(moves, key=lambda c: price(c)[0])
+        if price(best)[0][:-1] >= score[:-1]:
+            break
+        current = best
     moved = sum(
         max(0, a - b)
         for a, b in zip(

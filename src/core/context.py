@@ -302,6 +302,34 @@ def place_layers(model: ModelSpec, layout: Layout) -> tuple[StagePlacement, ...]
     return tuple(stages)
 
 
+class LayerSplits:
+    """Layers per chunk for each split code (``search.SPLITS``), computed once per
+    pipeline shape. Kept on the context beside, not in, its ``cache``: a property of the
+    model, not reuse that ``memoize=False`` should turn off."""
+
+    def __init__(self, model: ModelSpec, attention_span: int) -> None:
+        self._model = model
+        self._span = attention_span
+        self._found: dict[tuple[int, int, int], tuple[int, ...] | None] = {}
+
+    def counts(self, pp: int, chunks: int, split: int) -> tuple[int, ...] | None:
+        """Layers per chunk for a split code (None: the default split)."""
+        if split == 0:
+            return None
+        key = (pp, chunks, split)
+        if key not in self._found:
+            num_layers = self._model.num_layers
+            if split == 1:
+                base = (num_layers + 2) // chunks
+                counts = [base] * chunks
+                counts[0] -= 1
+                counts[-1] -= 1
+                self._found[key] = tuple(counts)
+            else:
+                self._found[key] = balanced_split(self._model, self._span, pp, chunks // pp)
+        return self._found[key]
+
+
 @dataclass
 class PricingContext:
     """Everything fixed during one search: the model, the hardware, the job, the fit.
@@ -328,6 +356,7 @@ class PricingContext:
         if not self.memoize:
             self.cache = _NoCache()
         self.settings = JobSettings(self.job, self.recorder)
+        self.layer_splits = LayerSplits(self.model, self.settings.attention_span)
         self.kind_params: tuple[KindParameters, ...] = tuple(
             kind_parameters(k, self.model.hidden_size) for k in self.model.kinds
         )

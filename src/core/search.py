@@ -30,10 +30,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .context import PricingContext, balanced_split, mtp_room, mtp_room_splits_evenly
+from .context import LayerSplits, PricingContext, mtp_room, mtp_room_splits_evenly
 from .errors import InfeasibleError, InvalidInputError
 from .layout import Layout, SearchSpace, dense_etp_error, heads_split, selective_not_offered
-from .model import ModelSpec, MoEFFN
+from .model import MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
 from .pricing import Pricer
@@ -78,39 +78,6 @@ embedding and the loss each counted as one layer (Megatron's account-for-embeddi
 the first and last chunks take one layer fewer), which splits 126 layers into 32 chunks, or
 into 128 with the first and last holding no decoder layer; or balanced, the last stage
 lighter by the output layer's work (``context.balanced_split``)."""
-
-
-class LayerSplits:
-    """Layers per chunk for each split code, computed once per pipeline shape."""
-
-    def __init__(self, model: ModelSpec, attention_span: int) -> None:
-        self._model = model
-        self._span = attention_span
-        self._found: dict[tuple[int, int, int], tuple[int, ...] | None] = {}
-
-    @classmethod
-    def of(cls, ctx: PricingContext) -> LayerSplits:
-        found = ctx.cache.get("layer_splits")
-        if found is None:
-            found = ctx.cache["layer_splits"] = cls(ctx.model, ctx.settings.attention_span)
-        return found
-
-    def counts(self, pp: int, chunks: int, split: int) -> tuple[int, ...] | None:
-        """Layers per chunk for a split code (None: the default split)."""
-        if split == 0:
-            return None
-        key = (pp, chunks, split)
-        if key not in self._found:
-            num_layers = self._model.num_layers
-            if split == 1:
-                base = (num_layers + 2) // chunks
-                counts = [base] * chunks
-                counts[0] -= 1
-                counts[-1] -= 1
-                self._found[key] = tuple(counts)
-            else:
-                self._found[key] = balanced_split(self._model, self._span, pp, chunks // pp)
-        return self._found[key]
 
 
 def candidate_layout(c: Candidate, splits: LayerSplits | None = None) -> Layout:
@@ -208,7 +175,7 @@ def enumerate_candidates(
     gbs, seq = job.global_batch_size, job.seq_length
     heads, kv_heads = model.head_count_for_tp
     num_layers = model.num_layers
-    splits = LayerSplits.of(ctx)
+    splits = ctx.layer_splits
     balanced = splits if space.balance_layers else None
     experts = next((k.ffn.num_experts for k in model.kinds if isinstance(k.ffn, MoEFFN)), None)
     expert_width = next(
@@ -610,7 +577,7 @@ class SearchPricing:
         key = ("quick", *candidate_layer_key(c))
         w = ctx.cache.get(key)
         if w is None:
-            layout = candidate_layout(c, LayerSplits.of(ctx))
+            layout = candidate_layout(c, ctx.layer_splits)
             cost = self.pricer.cost
             w = 0.0
             for kind, count in ctx.model.kind_counts():
@@ -630,7 +597,7 @@ class SearchPricing:
         floored = self._floored
         if len(floored) >= FLOORED_KEPT:
             del floored[next(iter(floored))]
-        layout = floored[c] = candidate_layout(c, LayerSplits.of(ctx))
+        layout = floored[c] = candidate_layout(c, ctx.layer_splits)
         return quick + fixed(ctx, layout, ctx.placement(layout))
 
     def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
@@ -640,7 +607,7 @@ class SearchPricing:
         pricer = self.pricer
         floored = self._floored
         for c in candidates:
-            layout = floored.pop(c, None) or candidate_layout(c, LayerSplits.of(pricer.ctx))
+            layout = floored.pop(c, None) or candidate_layout(c, pricer.ctx.layer_splits)
             miss = pricer.lightest_miss(layout)
             # Fix: the shortcut reports the overflow at full recompute; a fixed policy is
             # priced below as stated, so its overflow (and the closest-miss line) matches
@@ -664,7 +631,7 @@ class SearchPricing:
     def price(self, candidates: Sequence[Candidate]) -> list[Priced]:
         out = []
         for c in candidates:
-            layout = candidate_layout(c, LayerSplits.of(self.pricer.ctx))
+            layout = candidate_layout(c, self.pricer.ctx.layer_splits)
             priced = self.pricer.price(layout)
             mem = tim = None
             if self.debug:
@@ -934,7 +901,7 @@ def search(
     plans: list[Plan] = []
     pricer = pricing.pricer
     for rank, (_, _, _, i, _) in enumerate(results[:k], start=1):
-        priced = pricer.price(candidate_layout(candidates[i], LayerSplits.of(ctx)))
+        priced = pricer.price(candidate_layout(candidates[i], ctx.layer_splits))
         plans.append(pricer.plan(priced, rank=rank))
     t_end = time.perf_counter()
     summary = SearchSummary(

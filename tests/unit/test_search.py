@@ -33,7 +33,6 @@ from ndplan.core.search import (
     FIELDS,
     RECOMPUTES,
     SCHEDULES,
-    LayerSplits,
     SearchPricing,
     candidate_layout,
     divisors,
@@ -138,7 +137,7 @@ def as_candidate(d: dict) -> tuple[int, ...]:
 
 def layout_of(c: tuple[int, ...], ctx: PricingContext) -> Layout:
     """``candidate_layout``, with the context's layer splits (uneven splits)."""
-    return candidate_layout(c, LayerSplits.of(ctx))
+    return candidate_layout(c, ctx.layer_splits)
 
 
 def moe_shape(ctx: PricingContext) -> tuple[int | None, int | None]:
@@ -388,7 +387,7 @@ def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
         assert screened.bound_s <= priced.step_s + tol, (d, screened.bound_s, priced.step_s)
         seen[d["schedule"]] += 1
         if d["recompute"] == "auto":
-            layout = candidate_layout(c, LayerSplits.of(fresh))
+            layout = candidate_layout(c, fresh.layer_splits)
             fastest = pricing.pricer.price(layout.model_copy(update={"recompute": "none"}))
             if screened.bound_s > fastest.time.step_s + tol:
                 seen["raised"] += 1
@@ -415,7 +414,7 @@ def test_bounds_follow_the_cost_models_own_overhead(planner) -> None:
     candidates = core_search.enumerate_candidates(ctx, SearchSpace(), ()).candidates
     checked = 0
     for c in candidates[:: max(1, len(candidates) // 1000)]:
-        priced = pricing.pricer.price(candidate_layout(c, LayerSplits.of(ctx)))
+        priced = pricing.pricer.price(candidate_layout(c, ctx.layer_splits))
         if not priced.fits:
             continue
         quick = pricing.quick_bound(c)
@@ -813,7 +812,7 @@ def test_embedding_and_loss_may_take_a_chunk_of_their_own(planner) -> None:
     enum = enumerate_candidates(ctx, space)
     by_vpp = {dict(zip(FIELDS, c, strict=True))["vpp"]: c for c in enum.candidates}
     assert 8 in by_vpp and 9 not in by_vpp
-    layout = candidate_layout(by_vpp[8], LayerSplits.of(ctx))
+    layout = candidate_layout(by_vpp[8], ctx.layer_splits)
     assert layout.layers_per_stage == (0,) + (1,) * 126 + (0,)
     stages = ctx.placement(layout)
     assert stages[0].chunks[0].stop == stages[0].chunks[0].start  # embedding only
@@ -836,7 +835,7 @@ def test_an_mtp_model_interleaves_over_chunks_that_leave_room_for_mtp(planner) -
     }
     assert {(4, 4), (8, 2), (4, 2), (8, 4)} - found == {(8, 4)}  # 32 chunks: no room for 3
     c = next(c for c in enum.candidates if dict(zip(FIELDS, c, strict=True))["vpp"] == 4)
-    layout = candidate_layout(c, LayerSplits.of(ctx))
+    layout = candidate_layout(c, ctx.layer_splits)
     counts = [ch.stop - ch.start for s in ctx.placement(layout) for ch in s.chunks]
     assert sorted(counts) == [1] + [4] * 15 and ctx.placement(layout)[-1].has_mtp
 
