@@ -52,6 +52,7 @@ ROW_FIELDS = (
     "sp",
     "offload_optimizer",
     "schedule",
+    "layers_per_chunk",
     "recompute",
     "step_s",
     "tokens_per_s_per_device",
@@ -138,6 +139,10 @@ def _row(scenario: Scenario, status: str, plan: Plan | None = None, reason: str 
             sp=lay.sequence_parallel,
             offload_optimizer=lay.offload_optimizer,
             schedule=lay.schedule,
+            # As `estimate --layers-per-chunk` takes it; None for the default split.
+            layers_per_chunk=(
+                ",".join(map(str, lay.layers_per_stage)) if lay.layers_per_stage else None
+            ),
             recompute=plan.recompute_summary(),
             step_s=plan.time.step_s if plan.time else None,
             tokens_per_s_per_device=plan.tokens_per_s_per_device,

@@ -292,7 +292,7 @@ def shares(plan: Plan) -> str:
 UNEVEN_MARK = "*"
 UNEVEN_NOTE = (
     "* layers placed unevenly over the pipeline chunks (the output layer or the embedding "
-    "and loss counted as work); --json gives layout.layers_per_stage"
+    "and loss counted as work)"
 )
 
 
@@ -349,7 +349,7 @@ def ranking_table(plans: tuple[Plan, ...]):
         rows,
     )
     if any(p.layout.layers_per_stage is not None for p in plans):
-        out.caption = UNEVEN_NOTE
+        out.caption = UNEVEN_NOTE + "; --json gives layout.layers_per_stage"
         out.caption_justify = "left"
     return out
 

@@ -39,7 +39,7 @@ from .common import (
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import check_output_file, print_json, stdout, table, write_atomic
-from .search import build_space, load_space_file, space_values
+from .search import UNEVEN_MARK, UNEVEN_NOTE, build_space, load_space_file, space_values
 
 GRID_KEYS = ("model", "device", "devices", "gbs", "seq_len")
 """What varies: each a scalar or a list; every combination is one scenario."""
@@ -143,7 +143,11 @@ def rows_table(rows: list[dict]):
         if r["status"] != "ok":
             out.append((*head, *[""] * 12, f"{r['status']}: {r['reason']}"))
             continue
-        pp = f"{r['pp']}" + (f"×{r['vpp']}" if r["vpp"] > 1 else "")
+        pp = (
+            f"{r['pp']}"
+            + (f"×{r['vpp']}" if r["vpp"] > 1 else "")
+            + (UNEVEN_MARK if r["layers_per_chunk"] else "")
+        )
         out.append(
             (
                 *head,
@@ -162,7 +166,7 @@ def rows_table(rows: list[dict]):
                 "ok",
             )
         )
-    return table(
+    out_table = table(
         "sweep: best plan per scenario",
         [
             ("#", "right"),
@@ -187,6 +191,10 @@ def rows_table(rows: list[dict]):
         ],
         out,
     )
+    if any(r["layers_per_chunk"] for r in rows):
+        out_table.caption = UNEVEN_NOTE + "; layers_per_chunk in --csv and --json gives the counts"
+        out_table.caption_justify = "left"
+    return out_table
 
 
 def sweep_cmd(

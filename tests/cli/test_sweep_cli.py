@@ -160,3 +160,20 @@ def test_pool_sweep_matches_serial(capsys, sweep_file: Path) -> None:
     serial = sweep_json(capsys, str(sweep_file), "-j", "1")
     pool = sweep_json(capsys, str(sweep_file), "-j", "2")
     assert pool == serial
+
+
+def test_a_balanced_best_plan_states_its_layers_per_chunk(capsys, tmp_path: Path) -> None:
+    """Llama 3 8B at pp 16: the best plan splits its layers unevenly; the row gives the
+    counts as `estimate --layers-per-chunk` takes them, and the table marks the pp."""
+    argv = ["-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "64", "-s", "8192"]
+    space = tmp_path / "space.yaml"
+    space.write_text("pp: 16\ntp: 1\nvpp: 1\nmbs: 1\n", encoding="utf-8")
+    rows = sweep_json(capsys, *argv, "--space", str(space), "-j", "1")
+    counts = [int(n) for n in rows[0]["layers_per_chunk"].split(",")]
+    assert len(counts) == 16 and sum(counts) == 32 and counts[-1] < 2
+    code = run(["sweep", *argv, "--space", str(space), "-j", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "16* " in out and "* layers placed unevenly" in out
+    space.write_text("pp: 16\ntp: 1\nvpp: 1\nmbs: 1\nbalance_layers: false\n", encoding="utf-8")
+    even = sweep_json(capsys, *argv, "--space", str(space), "-j", "1")
+    assert even[0]["layers_per_chunk"] is None and even[0]["step_s"] > rows[0]["step_s"]
