@@ -13,7 +13,7 @@ from ndplan.adapters.exporters.megatron import pipeline_layout
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError
 from ndplan.core.layout import Layout
-from ndplan.core.plan import BalanceResult
+from ndplan.core.plan import BalanceResult, Plan
 from ndplan.planner import PricingOptions
 
 from .common import (
@@ -339,22 +339,30 @@ def balance_line(result: BalanceResult, *, given: bool) -> str:
     """How the balanced placement compares with the split it started from."""
     start, best = result.start, result.balanced
     split = "the given split" if given else "the default split"
+    moved = f"{result.moved} layer{'s' if result.moved != 1 else ''} moved"
     priced = f"{result.priced} placements priced"
     if start.layout.layers_per_stage == best.layout.layers_per_stage or result.moved == 0:
         return f"balanced: no move makes {split} faster within memory ({priced})"
     gib = 2**30
+
+    def over(plan: Plan) -> str:
+        m = plan.memory
+        return f"over memory by {(m.peak_bytes - m.budget_bytes) / gib:.2f} GiB on stage {m.peak_stage}"
+
+    if not best.memory.fits:
+        return (
+            f"balanced: no placement fits; the closest is {over(best)} ({split}: "
+            f"{over(start)}); {moved}; {priced}"
+        )
     if start.memory.fits:
         change = best.time.step_s / start.time.step_s - 1
         against = f"{start.time.step_s:.3f} s with {split} ({100 * change:+.1f} %)"
     else:
-        over = (start.memory.peak_bytes - start.memory.budget_bytes) / gib
-        against = (
-            f"{split}, which is over memory by {over:.2f} GiB on stage {start.memory.peak_stage}"
-        )
+        against = f"{split}, which is {over(start)}"
     return (
         f"balanced: {best.time.step_s:.3f} s per step against {against}; peak "
         f"{best.memory.peak_bytes / gib:.1f} GiB on stage {best.memory.peak_stage} against "
-        f"{start.memory.peak_bytes / gib:.1f} GiB; {result.moved} layer{'s' if result.moved != 1 else ''} moved; {priced}"
+        f"{start.memory.peak_bytes / gib:.1f} GiB; {moved}; {priced}"
     )
 
 

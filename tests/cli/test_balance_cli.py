@@ -111,3 +111,14 @@ def test_search_rebalance_re_ranks_the_top_plans_and_is_the_same_on_any_executor
     layouts = [json.dumps(p["layout"], sort_keys=True) for p in moved["plans"]]
     assert len(set(layouts)) == len(layouts)
     assert search_json(capsys, "-j", "2", "--rebalance") == moved
+
+
+def test_balance_says_when_no_placement_fits(capsys) -> None:
+    """Llama 3 70B on 8 H100 at pp 8 without recompute fits no way: the line names the
+    closest placement's overshoot and the start's, not a step time."""
+    argv = ("-m", "llama-3-70b", "-d", "h100", "-n", "8", "--gbs", "64", "-s", "8192")
+    code, out, err = invoke(capsys, *argv, "--pp", "8", "--recompute", "none")
+    assert code == 0, err  # a report on one layout, as estimate's
+    line = next(x for x in out.splitlines() if x.startswith("balanced: "))
+    assert line.startswith("balanced: no placement fits; the closest is over memory by ")
+    assert "(the default split: over memory by " in line and "s per step" not in line
