@@ -121,9 +121,10 @@ def parse_layers_per_chunk(text: str, layout: Layout, pctx: PricingContext) -> t
             "--framework"
         )
     layers = pctx.model.num_layers
+    shape = "2·pp (DualPipeV)" if layout.schedule == "dualpipev" else "pp·vpp"
     if len(counts) != layout.chunks:
         raise InvalidInputError(
-            f"{flag}: {len(counts)} numbers for pp·vpp = {layout.chunks} chunks; give one per chunk"
+            f"{flag}: {len(counts)} numbers for {shape} = {layout.chunks} chunks; give one per chunk"
         )
     if sum(counts) != layers:
         raise InvalidInputError(

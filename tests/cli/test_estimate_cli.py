@@ -644,6 +644,11 @@ def run_search(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str
         ("-1," + "2," * 14 + "3", (), "is not a comma-separated list of whole numbers ≥ 0"),
         ("2,2", (), "--layers-per-chunk: 2 numbers for pp·vpp = 16 chunks; give one per chunk"),
         (
+            "2,2",
+            ("--schedule", "dualpipev"),
+            "--layers-per-chunk: 2 numbers for 2·pp (DualPipeV) = 32 chunks; give one per chunk",
+        ),
+        (
             "3," * 15 + "3",
             (),
             "--layers-per-chunk: the counts sum to 48, the model has 32 layers; make them add up",
