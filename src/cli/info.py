@@ -25,6 +25,7 @@ SCHEMAS = {
     "TimeBreakdown": plan.TimeBreakdown,
     "Plan": plan.Plan,
     "SearchResult": plan.SearchResult,
+    "BalanceResult": plan.BalanceResult,  # what `balance --json` prints
     "ParameterCount": counting.ParameterCount,
     "Calibration": calibration.Calibration,  # what `compare --fit` writes, --calibration reads
 }

@@ -122,3 +122,13 @@ def test_balance_says_when_no_placement_fits(capsys) -> None:
     line = next(x for x in out.splitlines() if x.startswith("balanced: "))
     assert line.startswith("balanced: no placement fits; the closest is over memory by ")
     assert "(the default split: over memory by " in line and "s per step" not in line
+
+
+def test_the_balance_result_has_a_schema_matching_its_json(capsys) -> None:
+    assert run(["schema", "BalanceResult"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    code, out, err = invoke(capsys, *PP16, "--json")
+    assert code == 0, err
+    assert schema["title"] == "BalanceResult"
+    assert set(schema["properties"]) == set(json.loads(out))
+    assert set(schema["required"]) == {"start", "balanced", "moved", "priced"}
