@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .context import balanced_split, default_split
+from .context import balanced_split, chunk_stage, layer_counts
 from .errors import InvalidInputError
 from .layout import Layout
 from .pricing import PricedLayout, Pricer
@@ -41,14 +41,6 @@ class Balanced:
     """Placements priced on the way."""
 
 
-def chunk_stage(layout: Layout, chunk: int) -> int:
-    """The stage that runs ``chunk`` (DualPipeV folds the chunks into a V)."""
-    pp = layout.pp
-    if layout.schedule == "dualpipev":
-        return chunk if chunk < pp else 2 * pp - 1 - chunk
-    return chunk % pp
-
-
 def balance(pricer: Pricer, layout: Layout, *, max_rounds: int = MAX_ROUNDS) -> Balanced:
     """Per-chunk layer counts for ``layout`` that make its step fastest within memory."""
     ctx = pricer.ctx
@@ -62,7 +54,7 @@ def balance(pricer: Pricer, layout: Layout, *, max_rounds: int = MAX_ROUNDS) -> 
         )
     model = ctx.model
     chunks = layout.chunks
-    own = layout.layers_per_stage or default_split(model.num_layers, chunks, model.num_mtp_layers)
+    own = layer_counts(model, layout)
     cache: dict[tuple[int, ...], tuple[tuple, PricedLayout]] = {}
 
     def price(counts: tuple[int, ...]) -> tuple[tuple, PricedLayout]:

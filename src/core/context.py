@@ -221,6 +221,21 @@ def interleaved_in_flight(pp: int, vpp: int, m: int, stage: int) -> tuple[int, .
     return tuple(counts)
 
 
+def layer_counts(model: ModelSpec, layout: Layout) -> tuple[int, ...]:
+    """Decoder layers per chunk: the layout's own counts, else the default split."""
+    return layout.layers_per_stage or default_split(
+        model.num_layers, layout.chunks, model.num_mtp_layers
+    )
+
+
+def chunk_stage(layout: Layout, chunk: int) -> int:
+    """The stage that runs ``chunk`` (DualPipeV folds the chunks into a V)."""
+    pp = layout.pp
+    if layout.schedule == "dualpipev":
+        return chunk if chunk < pp else 2 * pp - 1 - chunk
+    return chunk % pp
+
+
 def place_layers(model: ModelSpec, layout: Layout) -> tuple[StagePlacement, ...]:
     """Stages, their chunks, in-flight counts, and where embedding/head/MTP sit.
 
@@ -231,9 +246,7 @@ def place_layers(model: ModelSpec, layout: Layout) -> tuple[StagePlacement, ...]
     """
     pp, m = layout.pp, layout.num_microbatches
     chunks_n = layout.chunks
-    counts = layout.layers_per_stage or default_split(
-        model.num_layers, chunks_n, model.num_mtp_layers
-    )
+    counts = layer_counts(model, layout)
     bounds = [0]
     for c in counts:
         bounds.append(bounds[-1] + c)
@@ -241,11 +254,9 @@ def place_layers(model: ModelSpec, layout: Layout) -> tuple[StagePlacement, ...]
         [] for _ in range(pp)
     ]  # (chunk id, start, stop)
     for chunk_id in range(chunks_n):
-        if layout.schedule == "dualpipev":
-            stage = chunk_id if chunk_id < pp else 2 * pp - 1 - chunk_id
-        else:
-            stage = chunk_id % pp
-        stage_chunks[stage].append((chunk_id, bounds[chunk_id], bounds[chunk_id + 1]))
+        stage_chunks[chunk_stage(layout, chunk_id)].append(
+            (chunk_id, bounds[chunk_id], bounds[chunk_id + 1])
+        )
 
     stages = []
     for s in range(pp):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ndplan.adapters.exporters.megatron import pipeline_layout
-from ndplan.core.balance import balance, chunk_stage
+from ndplan.core.balance import balance
+from ndplan.core.context import chunk_stage
 from ndplan.core.errors import InvalidInputError
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ndplan.core.context import default_split
+from ndplan.core.context import layer_counts
 from ndplan.core.layout import Layout
 from ndplan.core.model import ModelSpec
 
@@ -12,10 +12,7 @@ def pipeline_layout(model: ModelSpec, layout: Layout) -> str:
     virtual stage, each over the pipeline ranks), split by ``|``; ``E`` the embedding,
     ``t`` a decoder layer, ``m`` an MTP layer, ``L`` the loss. Megatron-Core reads it
     for any per-chunk counts, empty chunks included (e.g. ``Et*3|(tt|)*29,m|L``)."""
-    counts = layout.layers_per_stage or default_split(
-        model.num_layers, layout.chunks, model.num_mtp_layers
-    )
-    parts = ["t" * n for n in counts]
+    parts = ["t" * n for n in layer_counts(model, layout)]
     parts[0] = "E" + parts[0]
     parts[-1] += "m" * model.num_mtp_layers + "L"
     return "|".join(parts)
