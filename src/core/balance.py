@@ -8,9 +8,10 @@ the per-layer recompute knapsack within what is left, the pipeline's step time),
 recompute is chosen jointly with the placement.
 
 The search is a deterministic local search. It starts from the better of the layout's
-own split and the FLOP-balanced split (``context.balanced_split``). Each round tries
-moving one layer off the stages that bind: the two slowest (per micro-batch) and the
-one nearest its memory limit, onto every other stage. It takes the best move while it
+own split and the balanced split the search tries (``context.balanced_split``, the
+head weighed by the cost model). Each round tries moving one layer off the stages that
+bind: the two slowest (per micro-batch) and the one nearest its memory limit, onto
+every other stage. It takes the best move while it
 improves: first fitting, then the least over-memory, then the shortest step, then the
 lowest peak. A round prices at most ``3·(pp − 1)`` placements.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .context import balanced_split, chunk_stage, layer_counts
+from .context import chunk_stage, layer_counts
 from .errors import InvalidInputError
 from .layout import Layout
 from .pricing import PricedLayout, Pricer
@@ -68,11 +69,11 @@ def balance(pricer: Pricer, layout: Layout, *, max_rounds: int = MAX_ROUNDS) -> 
         return found
 
     starts = [own]
-    flops_balanced = None
+    balanced = None
     if layout.schedule != "dualpipev":
-        flops_balanced = balanced_split(model, ctx.settings.attention_span, layout.pp, layout.vpp)
-    if flops_balanced is not None and flops_balanced != own:
-        starts.append(flops_balanced)
+        balanced = ctx.layer_splits.for_layout(layout, 2)
+    if balanced is not None and balanced != own:
+        starts.append(balanced)
     current = min(starts, key=lambda c: price(c)[0])
     stage_of = [chunk_stage(layout, c) for c in range(chunks)]
     for _ in range(max_rounds):

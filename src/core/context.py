@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,16 +153,24 @@ resolution, and each balanced split doubles the pipelined candidates the search 
 6.1, 1.6 %, is)."""
 
 
+def flop_head_weight(model: ModelSpec, attention_span: int) -> float | None:
+    """The output layer's forward FLOPs in mean decoder layers (None if layers do none)."""
+    flops = count_flops(model, attention_span)
+    logits = flops.forward_parts["logits"]
+    per_layer = (flops.forward_flops_per_token - logits) / model.num_layers
+    return logits / per_layer if per_layer > 0 else None
+
+
 def balanced_split(
-    model: ModelSpec, attention_span: int, pp: int, vpp: int
+    model: ModelSpec, attention_span: int, pp: int, vpp: int, head: float | None = None
 ) -> tuple[int, ...] | None:
     """Layers per chunk that even out the stages' work when the output layer is heavy.
 
     An even split puts the output layer and the loss on top of a full share of layers, so
     the last stage sets the pace of the whole pipeline (a 256k-word vocabulary at hidden
-    6,144 is 3.5 layers of GEMM). Counting the output layer as its forward FLOPs in mean
-    decoder layers, the last stage keeps the layer count that minimises the slowest
-    stage; the others share the rest, the surplus on the stages nearest the end, which
+    6,144 is 3.5 layers of GEMM). Counting the output layer and the loss as ``head`` mean
+    decoder layers (without it, as the output layer's forward FLOPs), the last stage keeps
+    the layer count that minimises the slowest stage; the others share the rest, the surplus on the stages nearest the end, which
     hold the fewest micro-batches in flight. Within a stage the layers spread over its
     virtual chunks, the surplus on the later ones (fewer in flight); on the last stage
     on the earlier ones, away from the head. None where it makes the slowest stage less
@@ -171,17 +180,16 @@ def balanced_split(
     if pp < 2 or model.num_mtp_layers or model.vision is not None:
         return None
     layers = model.num_layers
-    flops = count_flops(model, attention_span)
-    logits = flops.forward_parts["logits"]
-    per_layer = (flops.forward_flops_per_token - logits) / layers
-    if per_layer <= 0:
+    if head is None:
+        head = flop_head_weight(model, attention_span)
+    if head is None or head <= 0:
         return None
-    head = logits / per_layer
 
     def slowest(last: int) -> tuple[float, int]:
         return (max(last + head, -(-(layers - last) // (pp - 1))), -last)
 
-    last = min(range(layers + 1), key=slowest)  # ties: the split nearest even
+    # Past an even share the last stage only gets slower (head > 0): no need to look.
+    last = min(range(-(-layers // pp) + 1), key=slowest)  # ties: the split nearest even
     base, extra = divmod(layers - last, pp - 1)
     per_stage = [base + (1 if s >= pp - 1 - extra else 0) for s in range(pp - 1)] + [last]
     counts = [0] * (pp * vpp)
@@ -313,21 +321,99 @@ def place_layers(model: ModelSpec, layout: Layout) -> tuple[StagePlacement, ...]
     return tuple(stages)
 
 
+HeadWeigher = Callable[[Layout], "float | None"]
+"""The output layer and the loss of one micro-batch, in mean decoder layers, for a layout."""
+
+HEAD_WEIGHT_STEP = 0.01
+"""Head weights are kept to this many decoder layers: a split moves whole layers, and
+candidates whose weights differ by less share one split."""
+
+
 class LayerSplits:
     """Layers per chunk for each split code (``search.SPLITS``), computed once per
-    pipeline shape. Kept on the context beside, not in, its ``cache``: a property of the
-    model, not reuse that ``memoize=False`` should turn off."""
+    pipeline shape (the balanced one per head weight too). Kept on the context beside,
+    not in, its ``cache``: a property of the model, not reuse that ``memoize=False``
+    should turn off.
 
-    def __init__(self, model: ModelSpec, attention_span: int) -> None:
+    The balanced split weighs the output layer and the loss by the seconds of the cost
+    model a Pricer installs (``weigh_head_with``), so the search, its workers and the
+    balancer weigh them alike and as they will be priced: the logits GEMM stays in bf16
+    while the layers run in FP8, the loss reads the logits from memory, deferred weight
+    gradients leave the critical path. Without one, by FLOPs."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        attention_span: int,
+        deferred_wgrads: Callable[[int, str, int], int] = lambda pp, schedule, m: 0,
+    ) -> None:
         self._model = model
         self._span = attention_span
-        self._found: dict[tuple[int, int, int], tuple[int, ...] | None] = {}
+        self._deferred_wgrads = deferred_wgrads
+        self._found: dict[tuple, tuple[int, ...] | None] = {}
+        self._weigher: HeadWeigher | None = None
+        self._weights: dict[tuple, float | None] = {}
 
-    def counts(self, pp: int, chunks: int, split: int) -> tuple[int, ...] | None:
-        """Layers per chunk for a split code (None: the default split)."""
+    def weigh_head_with(self, weigher: HeadWeigher | None) -> None:
+        """Weigh the head with ``weigher`` from now on (None: by FLOPs)."""
+        self._weigher = weigher
+        self._weights.clear()
+
+    def head_weight(
+        self,
+        tp: int,
+        pp: int,
+        cp: int,
+        mbs: int,
+        m: int,
+        vpp: int,
+        schedule: str,
+        recompute: str = "auto",
+    ) -> float | None:
+        """The head in mean decoder layers for a pipeline of these degrees and recompute
+        policy, rounded to ``HEAD_WEIGHT_STEP`` (None without a weigher:
+        ``balanced_split`` counts FLOPs).
+
+        Weighed once per (tp, cp, micro-batch size, recompute, deferred share): per
+        micro-batch, the head's and a layer's compute depend on the pipeline (its depth,
+        VPP, schedule and micro-batch count) only through the share of output-layer
+        weight gradients deferred to the drain, and a search meets thousands of pipelines
+        for a few dozen of these. Data parallelism and ZeRO leave both alike."""
+        if self._weigher is None:
+            return None
+        key = (tp, cp, mbs, recompute, self._deferred_wgrads(pp, schedule, m) / m)
+        if key not in self._weights:
+            even = Layout.model_construct(
+                tp=tp,
+                pp=pp,
+                cp=cp,
+                vpp=vpp,
+                mbs=mbs,
+                num_microbatches=m,
+                schedule=schedule,
+                sp=tp > 1,
+                dp=1,
+                ep=1,
+                etp=None,
+                zero=0,
+                recompute=recompute,
+                offload_optimizer=False,
+                layers_per_stage=None,
+            )
+            weight = self._weigher(even)
+            self._weights[key] = (
+                round(weight / HEAD_WEIGHT_STEP) * HEAD_WEIGHT_STEP if weight else None
+            )
+        return self._weights[key]
+
+    def counts(
+        self, pp: int, chunks: int, split: int, head: float | None = None
+    ) -> tuple[int, ...] | None:
+        """Layers per chunk for a split code (None: the default split); the balanced one
+        (code 2) with the head as ``head`` decoder layers (None: its FLOPs)."""
         if split == 0:
             return None
-        key = (pp, chunks, split)
+        key = (pp, chunks, split, head if split == 2 else None)
         if key not in self._found:
             num_layers = self._model.num_layers
             if split == 1:
@@ -337,8 +423,26 @@ class LayerSplits:
                 counts[-1] -= 1
                 self._found[key] = tuple(counts)
             else:
-                self._found[key] = balanced_split(self._model, self._span, pp, chunks // pp)
+                self._found[key] = balanced_split(self._model, self._span, pp, chunks // pp, head)
         return self._found[key]
+
+    def for_layout(self, layout: Layout, split: int) -> tuple[int, ...] | None:
+        """``counts`` for a layout's pipeline shape, its head weighed at its degrees."""
+        head = (
+            self.head_weight(
+                layout.tp,
+                layout.pp,
+                layout.cp,
+                layout.mbs,
+                layout.num_microbatches,
+                layout.vpp,
+                layout.schedule,
+                layout.recompute,
+            )
+            if split == 2
+            else None
+        )
+        return self.counts(layout.pp, layout.chunks, split, head)
 
 
 @dataclass
@@ -367,7 +471,9 @@ class PricingContext:
         if not self.memoize:
             self.cache = _NoCache()
         self.settings = JobSettings(self.job, self.recorder)
-        self.layer_splits = LayerSplits(self.model, self.settings.attention_span)
+        self.layer_splits = LayerSplits(
+            self.model, self.settings.attention_span, self.deferred_wgrads
+        )
         self.kind_params: tuple[KindParameters, ...] = tuple(
             kind_parameters(k, self.model.hidden_size) for k in self.model.kinds
         )
@@ -407,16 +513,19 @@ class PricingContext:
         """Micro-batches per step whose output-layer weight gradient the last stage defers
         to the pipeline drain (0 where the option does not apply). The settings are read,
         and so assumed, only where it applies."""
+        return self.deferred_wgrads(layout.pp, layout.schedule, layout.num_microbatches)
+
+    def deferred_wgrads(self, pp: int, schedule: str, m: int) -> int:
+        """``deferred_head_wgrads`` from the degrees it depends on."""
         if (
-            layout.pp == 1
-            or layout.schedule not in ("1f1b", "interleaved")
+            pp == 1
+            or schedule not in ("1f1b", "interleaved")
             or not self.framework.deferred_embedding_wgrad
             or self.settings.finetune != "full"
             or not self.settings.defer_embedding_wgrad
         ):
             return 0
         limit = self.settings.wgrad_deferral_limit
-        m = layout.num_microbatches
         return m if limit == 0 else min(m, limit)
 
     def placement(self, layout: Layout) -> tuple[StagePlacement, ...]:

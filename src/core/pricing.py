@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .context import PricingContext, StagePlacement, layer_key, placement_key
 from .counting import count_flops, model_flops_per_step
@@ -76,6 +76,37 @@ class Pricer:
         self.memory = memory
         self.cost = cost
         self.solver = solver
+        # The balanced split weighs the head as this cost model will price it.
+        ctx.layer_splits.weigh_head_with(self.head_weight)
+
+    def head_weight(self, layout: Layout) -> float | None:
+        """One micro-batch's output layer and loss on the last stage, in mean decoder
+        layers of compute (forward, backward and recompute), as the cost model prices
+        them at ``layout``'s degrees: the last stage's seconds beyond those of the same
+        stage without the head. Layers count under ``layout``'s recompute policy; under
+        ``auto`` as kept, since the stages near the end, which balancing loads, hold the
+        fewest micro-batches in flight. None where there is no pipeline or no compute."""
+        ctx = self.ctx
+        if layout.pp < 2:
+            return None
+        last = ctx.placement(layout)[-1]
+        plain = replace(last, has_head=False, has_mtp=False)
+
+        def compute(parts) -> float:
+            return parts["forward"] + parts["backward"] + parts["recompute"]
+
+        recompute = self.policy_recompute(layout)
+
+        head = compute(self.cost.stage_seconds(ctx, layout, last, ())) - compute(
+            self.cost.stage_seconds(ctx, layout, plain, ())
+        )
+        layers = sum(
+            count * compute(self.cost.layer_seconds(ctx, layout, kind, recompute))
+            for kind, count in ctx.model.kind_counts()
+        )
+        if layers <= 0 or head <= 0:
+            return None
+        return head / (layers / ctx.model.num_layers)
 
     # ------------------------------------------------------------------ assignments
 

@@ -28,6 +28,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from .context import LayerSplits, PricingContext, mtp_room, mtp_room_splits_evenly
@@ -100,8 +101,17 @@ def candidate_layout(c: Candidate, splits: LayerSplits | None = None) -> Layout:
         schedule=SCHEDULES[sched],
         recompute=RECOMPUTES[rec],
         offload_optimizer=bool(offload),
-        layers_per_stage=splits.counts(pp, chunks, split) if split else None,
+        layers_per_stage=split_counts(splits, c, chunks) if split else None,
     )
+
+
+def split_counts(splits: LayerSplits, c: Candidate, chunks: int) -> tuple[int, ...] | None:
+    """A candidate's layers per chunk (its balanced split weighs the head at its degrees)."""
+    tp, pp, cp, _dp, _ep, _etp, vpp, mbs, m, _zero, _sp, _offload, rec, sched, split = c
+    if split != 2:
+        return splits.counts(pp, chunks, split)
+    head = splits.head_weight(tp, pp, cp, mbs, m, vpp, SCHEDULES[sched], RECOMPUTES[rec])
+    return splits.counts(pp, chunks, split, head)
 
 
 def candidate_dict(c: Candidate) -> dict[str, Any]:
@@ -310,7 +320,7 @@ def enumerate_candidates(
                             one_replica = dp * cp == 1 and (
                                 experts is None or dp * cp * tp == ep * etp
                             )
-                            for vpp, sched, split in _schedules(
+                            for vpp, sched, split, recs in _schedules(
                                 pp,
                                 m,
                                 num_layers,
@@ -322,6 +332,8 @@ def enumerate_candidates(
                                 model.num_mtp_layers,
                                 out.reached,
                                 balanced,
+                                partial(splits.head_weight, tp, pp, cp, mbs, m),
+                                recomputes,
                             ):
                                 for zero in zeros:
                                     if pp > 1 and zero > fw.max_zero_with_pipeline:
@@ -344,7 +356,7 @@ def enumerate_candidates(
                                             refuse("moe_tp_needs_sp", tp=tp, sp=sp)
                                             continue
                                         for offload in offloads:
-                                            for rec in recomputes:
+                                            for rec in recs:
                                                 c = (
                                                     tp,
                                                     pp,
@@ -391,18 +403,31 @@ def _schedules(
     mtp_layers: int = 0,
     seen: dict[str, set] | None = None,
     splits: LayerSplits | None = None,
-) -> Iterable[tuple[int, str, int]]:
-    """(vpp, schedule, split) for one pipeline depth; ``seen`` collects the depths and
-    schedules the layers allow, before the micro-batch rules refuse any. Where the
-    framework places layers unevenly and ``splits`` is given, each (vpp, schedule) also
-    comes with the balanced split when that differs from its own."""
+    head: Callable[[int, str, str], float | None] | None = None,
+    recomputes: Sequence[int] = (RECOMPUTES.index("auto"),),
+) -> Iterable[tuple[int, str, int, Sequence[int]]]:
+    """(vpp, schedule, split, recompute policies) for one pipeline depth; ``seen``
+    collects the depths and schedules the layers allow, before the micro-batch rules
+    refuse any. Where the framework places layers unevenly and ``splits`` is given, each
+    (vpp, schedule) also comes with the balanced split, for the policies under which that
+    differs from its own; ``head(vpp, schedule, recompute)`` weighs the output layer for
+    it (``LayerSplits.head_weight``; None: by FLOPs)."""
 
-    def with_balanced(vpp: int, sched: str, split: int) -> Iterator[tuple[int, str, int]]:
-        yield vpp, sched, split
+    def with_balanced(
+        vpp: int, sched: str, split: int
+    ) -> Iterator[tuple[int, str, int, Sequence[int]]]:
+        yield vpp, sched, split, recomputes
         if uneven and splits is not None and sched != "dualpipev":
-            balanced = splits.counts(pp, pp * vpp, 2)
-            if balanced is not None and balanced != splits.counts(pp, pp * vpp, split):
-                yield vpp, sched, 2
+            chunks = pp * vpp
+            own = splits.counts(pp, chunks, split)
+            differ = []
+            for rec in recomputes:
+                weight = head(vpp, sched, RECOMPUTES[rec]) if head is not None else None
+                balanced = splits.counts(pp, chunks, 2, weight)
+                if balanced is not None and balanced != own:
+                    differ.append(rec)
+            if differ:
+                yield vpp, sched, 2, differ
 
     seen = seen if seen is not None else defaultdict(set)
     seen["pp"].add(pp)  # the degrees and the expert rules let a layout get this far
@@ -412,7 +437,7 @@ def _schedules(
         if _allowed(space.vpp, 1) and (allowed is None or "1f1b" in allowed):
             seen["vpp"].add(1)
             seen["schedule"].add("1f1b")
-            yield 1, "1f1b", 0
+            yield 1, "1f1b", 0, recomputes
         return
     for sched in ("1f1b", "gpipe", "dualpipev"):
         if sched in offered and (

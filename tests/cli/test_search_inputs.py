@@ -240,13 +240,14 @@ PIPELINED += ("--pp", "16", "--tp", "1", "--vpp", "1", "--mbs", "1", "-j", "1")
 def test_the_balanced_split_is_searched_marked_and_can_be_turned_off(
     capsys, tmp_path: Path
 ) -> None:
-    """At pp 16 Llama 3 8B's output layer is two layers of work: the balanced split wins,
+    """At pp 16 Llama 3 8B's output layer is about two layers of work (1.95 as the cost
+    model prices it, so the last stage keeps one layer): the balanced split wins,
     the table marks it and --json states its layers; --even-layers (or the space file's
     balance_layers: false) searches even splits only."""
     code, out, err = invoke(capsys, "search", *PIPELINED, "--json", "-t", "3")
     assert code == 0, err
     best = plans(out)[0]
-    assert best["layout"]["layers_per_stage"] == [2] * 13 + [3, 3, 0]
+    assert best["layout"]["layers_per_stage"] == [2] * 14 + [3, 1]
     code, table, err = invoke(capsys, "search", *PIPELINED, "-t", "3")
     assert code == 0, err
     assert "16* " in table and "* layers placed unevenly" in table

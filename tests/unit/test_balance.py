@@ -61,17 +61,16 @@ def test_the_balancer_never_returns_a_worse_placement_and_places_every_layer(
 
 def test_a_heavy_output_layer_is_balanced_off_the_last_stage(planner: Planner) -> None:
     """Llama 3 8B at pp 16: the 128k-word output layer is about two layers of work. The
-    balancer beats the even split by more than 15 % and is no slower than the FLOP-
-    balanced split the search tries."""
+    balancer beats the even split by more than 15 % and is no slower than the balanced
+    split the search tries, nor than the FLOP-balanced one."""
     ctx = context(planner, "llama-3-8b", 16, 64, 8192)
     layout = Layout(pp=16, num_microbatches=64, recompute="auto")
     found = planner.balance(ctx, layout)
     assert found.balanced.time.step_s < 0.85 * found.start.time.step_s
-    assert found.balanced.layout.layers_per_stage[-1] == 0  # the head alone on its stage
-    flops = planner.estimate(
-        ctx, layout.model_copy(update={"layers_per_stage": (2,) * 13 + (3, 3, 0)})
-    )
-    assert found.balanced.time.step_s <= flops.time.step_s
+    assert found.balanced.layout.layers_per_stage[-1] < 2  # the head takes a layer's room
+    for counts in (ctx.layer_splits.for_layout(layout, 2), (2,) * 13 + (3, 3, 0)):
+        tried = planner.estimate(ctx, layout.model_copy(update={"layers_per_stage": counts}))
+        assert found.balanced.time.step_s <= tried.time.step_s
     assert found.moved > 0 and found.priced > 1
 
 

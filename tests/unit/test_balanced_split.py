@@ -87,8 +87,8 @@ def test_no_balanced_split_where_it_cannot_apply_or_gains_too_little(planner: Pl
 
 def test_the_search_offers_the_balanced_split_and_prices_it_as_placed(planner: Planner) -> None:
     """Llama 3 8B on 16 H100 at pp 16: the balanced split is a candidate of its own beside
-    the even one, the plan carries its layer counts, and it is faster, being priced on the
-    stages it places."""
+    the even one, with the head weighed as the cost model prices it; the plan carries its
+    layer counts, and it is faster, being priced on the stages it places."""
     model = planner.model("llama-3-8b")
     job = Job(global_batch_size=64, seq_length=8192)
     ctx = planner.context(model, planner.device("h100"), 16, job)
@@ -98,12 +98,96 @@ def test_the_search_offers_the_balanced_split_and_prices_it_as_placed(planner: P
     assert set(by_split) == {"even", "balanced"}
     assert found.ranking[0][0]["split"] == "balanced"
     best = found.result.plans[0]
-    assert best.layout.layers_per_stage == (2,) * 13 + (3, 3, 0)
+    even_layout = best.layout.model_copy(update={"layers_per_stage": None})
+    head = planner.pricer(ctx).head_weight(even_layout)
+    # Under full recompute a layer costs about 4/3 of its forward and backward: the
+    # 128k-word head weighs under two of them, so the last stage keeps one layer.
+    assert 1.0 < head < 2.0
+    counts = balanced_split(model, 8192, 16, 1, round(head, 2))
+    assert best.layout.layers_per_stage == counts == (2,) * 14 + (3, 1)
     stages = place_layers(model, best.layout)
-    assert [c.stop - c.start for s in stages for c in s.chunks] == [2] * 13 + [3, 3, 0]
-    even = planner.estimate(ctx, best.layout.model_copy(update={"layers_per_stage": None}))
+    assert [c.stop - c.start for s in stages for c in s.chunks] == list(counts)
+    even = planner.estimate(ctx, even_layout)
     assert best.time.step_s < even.time.step_s
     assert SPLITS.index("balanced") == 2
+
+
+def head_weight(planner: Planner, layout: Layout, **job) -> float:
+    job = Job(global_batch_size=256, seq_length=8192, **job)
+    ctx = planner.context(planner.model("llama-3-70b"), planner.device("gb300"), 64, job)
+    return planner.pricer(ctx).head_weight(layout)
+
+
+PP4 = Layout(pp=4, vpp=5, dp=16, num_microbatches=16, schedule="interleaved", recompute="auto")
+
+
+def test_the_head_weighs_what_the_cost_model_charges_for_it(planner: Planner) -> None:
+    """The head's weight follows the physics the time model prices, not its FLOPs: the
+    logits GEMM stays in bf16 while FP8 layers speed up, a deferred weight gradient leaves
+    the micro-batch's path, and a recomputed layer costs more, so the head weighs less."""
+    bf16 = head_weight(planner, PP4, precision="bf16")
+    fp8 = head_weight(planner, PP4, precision="fp8")
+    assert fp8 > 1.3 * bf16
+    deferred = head_weight(planner, PP4, precision="fp8", defer_embedding_wgrad=True)
+    assert deferred < fp8
+    full = head_weight(planner, PP4.model_copy(update={"recompute": "full"}), precision="fp8")
+    assert full < fp8
+    assert head_weight(planner, Layout(dp=64, num_microbatches=4), precision="fp8") is None
+
+
+def test_an_fp8_head_is_balanced_where_its_flops_alone_would_not_be(planner: Planner) -> None:
+    """Llama 3 70B at pp 4 × vpp 5 in FP8 on GB300: by FLOPs the output layer is 1.1
+    layers, under the 1 % bar, but in bf16 against FP8 layers it takes about 1.7 layers'
+    time. The search offers the balanced split, and it prices faster than the even one."""
+    model = planner.model("llama-3-70b")
+    assert balanced_split(model, 8192, 4, 5) is None
+    job = Job(global_batch_size=256, seq_length=8192, precision="fp8")
+    ctx = planner.context(model, planner.device("gb300"), 64, job)
+    space = SearchSpace(tp=(1,), pp=(4,), vpp=(5,), mbs=(1,), zero=(1,))
+    found = planner.search(ctx, space, top_k=5)
+    splits = {cand["split"]: priced for cand, priced in found.ranking}
+    assert set(splits) == {"even", "balanced"}
+    best = found.result.plans[0]
+    assert best.layout.layers_per_stage is not None
+    per_stage = [sum(best.layout.layers_per_stage[s::4]) for s in range(4)]
+    assert per_stage[-1] < 20 < max(per_stage)
+    even = planner.estimate(ctx, best.layout.model_copy(update={"layers_per_stage": None}))
+    assert best.time.step_s < 0.99 * even.time.step_s
+
+
+class HeadAsLayers:
+    """A cost model whose head costs exactly ``k`` decoder layers (the port's two per-
+    micro-batch methods are all the weight reads)."""
+
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+    def layer_seconds(self, ctx, layout, kind, recompute):
+        return {"forward": 1.0, "backward": 2.0, "recompute": 0.0}
+
+    def stage_seconds(self, ctx, layout, stage, assignment):
+        head = 3.0 * self.k if stage.has_head else 0.0
+        return {"forward": 0.5 + head / 3, "backward": 1.0 + 2 * head / 3, "recompute": 0.0}
+
+    def step(self, ctx, layout, stages, seconds):  # not read by the weight
+        raise NotImplementedError
+
+
+def test_a_plugged_in_cost_model_weighs_the_head_of_the_split(planner: Planner) -> None:
+    """The balanced split reads the head's weight through the CostModel port: a cost
+    model that charges the head as 1.5 layers gets the split for 1.5 layers, not its FLOPs (2.1)."""
+    from ndplan.core.pricing import Pricer
+
+    model = planner.model("llama-3-8b")
+    ctx = planner.context(
+        model, planner.device("h100"), 16, Job(global_batch_size=64, seq_length=8192)
+    )
+    default = planner.pricer(ctx)
+    pricer = Pricer(ctx, default.memory, HeadAsLayers(1.5), default.solver)
+    layout = Layout(pp=16, num_microbatches=64)
+    assert pricer.head_weight(layout) == pytest.approx(1.5)
+    assert ctx.layer_splits.for_layout(layout, 2) == balanced_split(model, 8192, 16, 1, 1.5)
+    assert ctx.layer_splits.for_layout(layout, 2) != balanced_split(model, 8192, 16, 1)
 
 
 def test_frameworks_without_uneven_pipelines_get_only_even_splits(planner: Planner) -> None:

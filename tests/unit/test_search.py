@@ -447,6 +447,8 @@ def test_a_quick_bound_failure_names_its_candidate(planner) -> None:
 
     ctx, opts = make_ctx(planner, "llama-3-8b", 16, 64, 4096)
     pricer = planner.pricer(ctx, opts)
+    # Enumerated with the working cost model (which weighs the balanced split's head).
+    candidates = core_search.enumerate_candidates(ctx, SearchSpace(), ()).candidates
 
     class Raising(type(pricer.cost)):
         def layer_seconds(self, ctx, layout, kind, recompute):
@@ -455,12 +457,37 @@ def test_a_quick_bound_failure_names_its_candidate(planner) -> None:
             return super().layer_seconds(ctx, layout, kind, recompute)
 
     pricer = Pricer(ctx, pricer.memory, Raising(ctx.calibration), pricer.solver)
-    candidates = core_search.enumerate_candidates(ctx, SearchSpace(), ()).candidates
     first = next(c for c in candidates if c[0] == 4 and c[2] == 2)
     with pytest.raises(InternalError) as caught:
         GuardedPricing(SearchPricing(pricer)).quick_bounds(candidates)
     assert str(caught.value).startswith(f"candidate {describe_candidate(first)}: internal error")
     assert "ValueError: no tp 4 with cp 2" in str(caught.value)
+
+
+def test_a_head_weighing_failure_in_the_enumeration_is_named(planner) -> None:
+    """The enumeration asks the cost model for the output layer's weight (the balanced
+    split); a cost model raising there is named with the degrees and classified, not left
+    as a traceback."""
+    from ndplan.adapters.executors.faults import GuardedPricing
+    from ndplan.core.errors import InternalError
+    from ndplan.core.pricing import Pricer
+
+    ctx, opts = make_ctx(planner, "llama-3-8b", 16, 64, 4096)
+    pricer = planner.pricer(ctx, opts)
+
+    class Raising(type(pricer.cost)):
+        def layer_seconds(self, ctx, layout, kind, recompute):
+            if layout.pp == 4:
+                raise ValueError("no pp 4")
+            return super().layer_seconds(ctx, layout, kind, recompute)
+
+    raising = Pricer(ctx, pricer.memory, Raising(ctx.calibration), pricer.solver)
+    GuardedPricing(SearchPricing(raising))
+    with pytest.raises(InternalError) as caught:
+        core_search.enumerate_candidates(ctx, SearchSpace(), ())
+    line = str(caught.value)
+    assert line.startswith("weighing the output layer at tp=") and " pp=4 " in line
+    assert "internal error: ValueError: no pp 4" in line
 
 
 # ----------------------------------------------------------------------------- accounting

@@ -113,6 +113,23 @@ class GuardedPricing(SearchPricing):
     def __init__(self, pricing: SearchPricing, plugins: Iterable[str] = ()) -> None:
         super().__init__(pricing.pricer, debug=pricing.debug)
         self.plugins = tuple(plugins)
+        # The enumeration weighs the output layer through the cost model (the balanced
+        # split): a failure there is named and classified like a candidate's.
+        weigh = self.pricer.head_weight
+
+        def guarded(layout):
+            try:
+                return weigh(layout)
+            except NdplanError:
+                raise
+            except Exception as exc:
+                what = (
+                    f"weighing the output layer at tp={layout.tp} pp={layout.pp} "
+                    f"cp={layout.cp} mbs={layout.mbs} recompute={layout.recompute}"
+                )
+                raise classify(exc, what, self.plugins) from exc
+
+        self.pricer.ctx.layer_splits.weigh_head_with(guarded)
 
     def quick_bounds(self, candidates):
         try:
