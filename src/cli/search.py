@@ -371,10 +371,14 @@ def summary_line(result: SearchResult) -> str:
 
 def ranking_csv(outcome: SearchOutcome) -> str:
     rows = []
-    for rank, (candidate, priced) in enumerate(outcome.ranking, start=1):
+    counts = outcome.layers_per_chunk or ("",) * len(outcome.ranking)
+    for rank, ((candidate, priced), layers) in enumerate(
+        zip(outcome.ranking, counts, strict=True), start=1
+    ):
         row = {
             "rank": rank,
             **candidate,
+            "layers_per_chunk": layers,
             "step_s": repr(priced.step_s),
             "peak_bytes": priced.peak_bytes,
             "peak_stage": priced.peak_stage,
@@ -386,7 +390,7 @@ def ranking_csv(outcome: SearchOutcome) -> str:
             if name not in ("stage", "total"):
                 row[f"memory.{name}"] = value
         rows.append(row)
-    keys: list[str] = ["rank", *FIELDS, "step_s", "peak_bytes", "peak_stage"]
+    keys: list[str] = ["rank", *FIELDS, "layers_per_chunk", "step_s", "peak_bytes", "peak_stage"]
     for row in rows:
         keys.extend(k for k in row if k not in keys)
     buf = io.StringIO()
@@ -531,7 +535,8 @@ def search_cmd(
         Path | None,
         typer.Option(
             "--ranking-csv",
-            help="Write every kept plan, ranked, with its parts.",
+            help="Write every kept plan, ranked, with its parts and, for an uneven "
+            "split, its layers per chunk (as estimate --layers-per-chunk takes them).",
             show_default=False,
         ),
     ] = None,

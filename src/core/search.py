@@ -124,6 +124,17 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
     return d
 
 
+def chunk_counts_text(c: Candidate, splits: LayerSplits) -> str:
+    """A candidate's layers per chunk as ``estimate --layers-per-chunk`` takes them back
+    ("" for the default split)."""
+    _tp, pp, _cp, _dp, _ep, _etp, vpp, *_rest, sched, split = c
+    if not split:
+        return ""
+    chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
+    counts = split_counts(splits, c, chunks)
+    return ",".join(map(str, counts)) if counts else ""
+
+
 def tie_key(c: Candidate) -> tuple[int, ...]:
     """The fixed order of degrees that breaks ranking ties."""
     tp, pp, cp, dp, ep, etp, vpp, mbs, _m, zero, sp, offload, rec, sched, split = c
@@ -944,12 +955,15 @@ def search(
         ),
     )
     ranking = tuple((candidate_dict(candidates[i]), p) for _, _, _, i, p in results)
+    layers_per_chunk = tuple(
+        chunk_counts_text(candidates[i], ctx.layer_splits) for _, _, _, i, _ in results
+    )
     result = SearchResult(
         summary=summary,
         plans=tuple(plans),
         assumptions=tuple(a.describe() for a in ctx.recorder.items),
     )
-    return SearchOutcome(result=result, ranking=ranking)
+    return SearchOutcome(result=result, ranking=ranking, layers_per_chunk=layers_per_chunk)
 
 
 @dataclass(frozen=True)
@@ -958,6 +972,8 @@ class SearchOutcome:
 
     result: SearchResult
     ranking: tuple[tuple[dict[str, Any], Priced], ...]
+    layers_per_chunk: tuple[str, ...] = ()
+    """Per ranked plan, an uneven split's layers per chunk ("" for the default split)."""
 
 
 def _pop_batch(

@@ -359,7 +359,14 @@ def test_the_ranking_csv_lists_every_kept_plan_in_rank_order(capsys, tmp_path: P
     data = search_json(capsys, *TIGHT, "--top", "3", "--ranking-csv", str(out))
     rows = read_csv(out)
     header = list(rows[0])
-    assert header[: 1 + len(FIELDS) + 3] == ["rank", *FIELDS, "step_s", "peak_bytes", "peak_stage"]
+    assert header[: 1 + len(FIELDS) + 4] == [
+        "rank",
+        *FIELDS,
+        "layers_per_chunk",
+        "step_s",
+        "peak_bytes",
+        "peak_stage",
+    ]
     assert any(h.startswith("time.") for h in header) and any(
         h.startswith("memory.") for h in header
     )
@@ -373,6 +380,8 @@ def test_the_ranking_csv_lists_every_kept_plan_in_rank_order(capsys, tmp_path: P
         }
         assert float(row["step_s"]) == plan["time"]["step_s"]
         assert int(row["peak_bytes"]) == plan["memory"]["peak_bytes"]
+        counts = plan["layout"]["layers_per_stage"]
+        assert row["layers_per_chunk"] == (",".join(map(str, counts)) if counts else "")
 
 
 def test_the_ranking_csv_is_never_overwritten_without_force(capsys, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ plugin's refusal rule that raises (a plugin error, exit 4)."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -248,9 +249,16 @@ def test_the_balanced_split_is_searched_marked_and_can_be_turned_off(
     assert code == 0, err
     best = plans(out)[0]
     assert best["layout"]["layers_per_stage"] == [2] * 14 + [3, 1]
-    code, table, err = invoke(capsys, "search", *PIPELINED, "-t", "3")
+    ranking = tmp_path / "ranking.csv"
+    code, table, err = invoke(
+        capsys, "search", *PIPELINED, "-t", "3", "--ranking-csv", str(ranking)
+    )
     assert code == 0, err
     assert "16* " in table and "* layers placed unevenly" in table
+    # The ranking states each uneven split's counts, as estimate --layers-per-chunk takes them.
+    rows = list(csv.DictReader(ranking.open(encoding="utf-8")))
+    assert rows[0]["split"] == "balanced" and rows[0]["layers_per_chunk"] == "2," * 14 + "3,1"
+    assert {r["layers_per_chunk"] for r in rows if r["split"] == "even"} == {""}
     code, out, err = invoke(capsys, "search", *PIPELINED, "--json", "--even-layers")
     assert code == 0, err
     even = plans(out)
