@@ -362,9 +362,11 @@ class LayerSplits:
     def head_weight(
         self,
         tp: int,
-        pp: int,
         cp: int,
+        ep: int,
+        etp: int | None,
         mbs: int,
+        pp: int,
         m: int,
         vpp: int,
         schedule: str,
@@ -374,14 +376,16 @@ class LayerSplits:
         policy, rounded to ``HEAD_WEIGHT_STEP`` (None without a weigher:
         ``balanced_split`` counts FLOPs).
 
-        Weighed once per (tp, cp, micro-batch size, recompute, deferred share): per
-        micro-batch, the head's and a layer's compute depend on the pipeline (its depth,
-        VPP, schedule and micro-batch count) only through the share of output-layer
-        weight gradients deferred to the drain, and a search meets thousands of pipelines
-        for a few dozen of these. Data parallelism and ZeRO leave both alike."""
+        Weighed once per (tp, cp, ep, etp, micro-batch size, recompute, deferred share):
+        a layer's compute depends on those (a fine-grained MoE layer's experts run far
+        faster spread over EP ranks), and on the pipeline (its depth, VPP, schedule and
+        micro-batch count) only through the share of output-layer weight gradients
+        deferred to the drain; a search meets thousands of pipelines for a few dozen of
+        these. Data parallelism and ZeRO leave both alike; sequence parallelism, which
+        shards only the norms, is taken as on wherever tp > 1."""
         if self._weigher is None:
             return None
-        key = (tp, cp, mbs, recompute, self._deferred_wgrads(pp, schedule, m) / m)
+        key = (tp, cp, ep, etp, mbs, recompute, self._deferred_wgrads(pp, schedule, m) / m)
         if key not in self._weights:
             even = Layout.model_construct(
                 tp=tp,
@@ -393,8 +397,8 @@ class LayerSplits:
                 schedule=schedule,
                 sp=tp > 1,
                 dp=1,
-                ep=1,
-                etp=None,
+                ep=ep,
+                etp=etp,
                 zero=0,
                 recompute=recompute,
                 offload_optimizer=False,
@@ -431,9 +435,11 @@ class LayerSplits:
         head = (
             self.head_weight(
                 layout.tp,
-                layout.pp,
                 layout.cp,
+                layout.ep,
+                layout.expert_tp,
                 layout.mbs,
+                layout.pp,
                 layout.num_microbatches,
                 layout.vpp,
                 layout.schedule,

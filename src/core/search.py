@@ -107,10 +107,10 @@ def candidate_layout(c: Candidate, splits: LayerSplits | None = None) -> Layout:
 
 def split_counts(splits: LayerSplits, c: Candidate, chunks: int) -> tuple[int, ...] | None:
     """A candidate's layers per chunk (its balanced split weighs the head at its degrees)."""
-    tp, pp, cp, _dp, _ep, _etp, vpp, mbs, m, _zero, _sp, _offload, rec, sched, split = c
+    tp, pp, cp, _dp, ep, etp, vpp, mbs, m, _zero, _sp, _offload, rec, sched, split = c
     if split != 2:
         return splits.counts(pp, chunks, split)
-    head = splits.head_weight(tp, pp, cp, mbs, m, vpp, SCHEDULES[sched], RECOMPUTES[rec])
+    head = splits.head_weight(tp, cp, ep, etp, mbs, pp, m, vpp, SCHEDULES[sched], RECOMPUTES[rec])
     return splits.counts(pp, chunks, split, head)
 
 
@@ -343,7 +343,7 @@ def enumerate_candidates(
                                 model.num_mtp_layers,
                                 out.reached,
                                 balanced,
-                                partial(splits.head_weight, tp, pp, cp, mbs, m),
+                                partial(splits.head_weight, tp, cp, ep, etp, mbs, pp, m),
                                 recomputes,
                             ):
                                 for zero in zeros:

@@ -135,6 +135,22 @@ def test_the_head_weighs_what_the_cost_model_charges_for_it(planner: Planner) ->
     assert head_weight(planner, Layout(dp=64, num_microbatches=4), precision="fp8") is None
 
 
+def test_a_fine_grained_moe_head_weighs_by_its_expert_parallelism(planner: Planner) -> None:
+    """Qwen3-30B-A3B's 128 small experts run far faster spread over EP ranks, so its
+    head weighs several times more layers at ep 8 than at ep 1; the split the search
+    tries is weighed at the candidate's own EP."""
+    model = planner.model("qwen3-30b-a3b")
+    ctx = planner.context(
+        model, planner.device("h100"), 64, Job(global_batch_size=256, seq_length=4096)
+    )
+    pricer = planner.pricer(ctx)
+    at = {ep: Layout(pp=4, dp=16, ep=ep, num_microbatches=16, recompute="auto") for ep in (1, 8)}
+    assert pricer.head_weight(at[8]) > 2 * pricer.head_weight(at[1])
+    for ep, layout in at.items():
+        weight = ctx.layer_splits.head_weight(1, 1, ep, 1, 1, 4, 16, 1, "1f1b", "auto")
+        assert weight == pytest.approx(pricer.head_weight(layout), abs=0.005)
+
+
 def test_an_fp8_head_is_balanced_where_its_flops_alone_would_not_be(planner: Planner) -> None:
     """Llama 3 70B at pp 4 × vpp 5 in FP8 on GB300: by FLOPs the output layer is 1.1
     layers, under the 1 % bar, but in bf16 against FP8 layers it takes about 1.7 layers'
