@@ -65,6 +65,10 @@ class CostModel(Protocol):
     adds whatever the stages take (the built-in model: the optimizer step and its fixed
     overhead). The search adds it to its lower bounds, so it skips more layouts
     unpriced; without it the bounds leave it out.
+
+    The balanced layer split weighs the output layer by this model too: the last
+    stage's ``forward + backward + recompute`` from ``stage_seconds`` with no layers,
+    with and without the head, against ``layer_seconds`` (``Pricer.head_weight``).
     """
 
     name: str
