@@ -350,6 +350,8 @@ class LayerSplits:
         self._model = model
         self._span = attention_span
         self._deferred_wgrads = deferred_wgrads
+        # Where no balanced split applies (``balanced_split``), nothing is weighed.
+        self._balances = not model.num_mtp_layers and model.vision is None
         self._found: dict[tuple, tuple[int, ...] | None] = {}
         self._weigher: HeadWeigher | None = None
         self._weights: dict[tuple, float | None] = {}
@@ -383,7 +385,7 @@ class LayerSplits:
         deferred to the drain; a search meets thousands of pipelines for a few dozen of
         these. Data parallelism and ZeRO leave both alike; sequence parallelism, which
         shards only the norms, is taken as on wherever tp > 1."""
-        if self._weigher is None:
+        if self._weigher is None or not self._balances:
             return None
         key = (tp, cp, ep, etp, mbs, recompute, self._deferred_wgrads(pp, schedule, m) / m)
         if key not in self._weights:

@@ -214,3 +214,24 @@ def test_frameworks_without_uneven_pipelines_get_only_even_splits(planner: Plann
     assert found.ranking and {cand["split"] for cand, _ in found.ranking} == {"even"}
     assert all(p.layout.layers_per_stage is None for p in found.result.plans)
     assert Layout().layers_per_stage is None
+
+
+def test_nothing_is_weighed_where_no_balanced_split_applies(planner: Planner) -> None:
+    """MTP models keep their own split, so the enumeration asks the cost model for no head
+    weight there (for DeepSeek-V3 on 2,048 devices that was most of the search's time);
+    a dense model's pipelines are weighed."""
+    from ndplan.core.search import enumerate_candidates
+
+    calls = []
+
+    def counting(layout: Layout) -> float:
+        calls.append(layout)
+        return 1.0
+
+    for name, expect_calls in (("deepseek-v3", False), ("llama-3-8b", True)):
+        calls.clear()
+        job = Job(global_batch_size=256, seq_length=4096)
+        ctx = planner.context(planner.model(name), planner.device("h100"), 64, job)
+        ctx.layer_splits.weigh_head_with(counting)
+        assert enumerate_candidates(ctx, SearchSpace(pp=(4,))).candidates
+        assert bool(calls) is expect_calls
