@@ -11,9 +11,8 @@ The search is a deterministic local search. It starts from the better of the lay
 own split and the balanced split the search tries (``context.balanced_split``, the
 head weighed by the cost model). Each round tries moving one layer off the stages that
 bind: the two slowest (per micro-batch) and the one nearest its memory limit, onto
-every other stage. It takes the best move while it
-improves: first fitting, then the least over-memory, then the shortest step, then the
-lowest peak. A round prices at most ``3·(pp − 1)`` placements.
+every other stage. It takes the best move while it improves: first fitting, then the
+least over-memory, then the shortest step, then the lowest peak. A round prices at most ``3·(pp − 1)`` placements.
 """
 
 from __future__ import annotations

@@ -170,12 +170,14 @@ def balanced_split(
     the last stage sets the pace of the whole pipeline (a 256k-word vocabulary at hidden
     6,144 is 3.5 layers of GEMM). Counting the output layer and the loss as ``head`` mean
     decoder layers (without it, as the output layer's forward FLOPs), the last stage keeps
-    the layer count that minimises the slowest stage; the others share the rest, the surplus on the stages nearest the end, which
-    hold the fewest micro-batches in flight. Within a stage the layers spread over its
-    virtual chunks, the surplus on the later ones (fewer in flight); on the last stage
-    on the earlier ones, away from the head. None where it makes the slowest stage less
-    than ``MIN_BALANCE_GAIN`` lighter than the default split does, or does not apply: one stage, MTP models (their default split already leaves the last
-    chunk room) and vision models (the encoder sits on the first stage).
+    the layer count that minimises the slowest stage; the others share the rest, the
+    surplus on the stages nearest the end, which hold the fewest micro-batches in flight.
+    Within a stage the layers spread over its virtual chunks, the surplus on the later
+    ones (fewer in flight); on the last stage on the earlier ones, away from the head.
+    None where it makes the slowest stage less than ``MIN_BALANCE_GAIN`` lighter than the
+    default split does, or does not apply: one stage, MTP models (their default split
+    already leaves the last chunk room) and vision models (the encoder sits on the first
+    stage).
     """
     if pp < 2 or model.num_mtp_layers or model.vision is not None:
         return None
@@ -382,8 +384,8 @@ class LayerSplits:
         a layer's compute depends on those (a fine-grained MoE layer's experts run far
         faster spread over EP ranks), and on the pipeline (its depth, VPP, schedule and
         micro-batch count) only through the share of output-layer weight gradients
-        deferred to the drain; a search meets thousands of pipelines for a few dozen of
-        these. Data parallelism and ZeRO leave both alike; sequence parallelism, which
+        deferred to the drain; a search meets tens of thousands of pipelines for a few
+        hundred of these (354 for Llama 3 70B on 1,024 H100). Data parallelism and ZeRO leave both alike; sequence parallelism, which
         shards only the norms, is taken as on wherever tp > 1."""
         if self._weigher is None or not self._balances:
             return None

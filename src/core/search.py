@@ -85,7 +85,6 @@ def candidate_layout(c: Candidate, splits: LayerSplits | None = None) -> Layout:
     """A Layout from a candidate tuple, without re-validating (the loop nest only builds valid
     ones). ``splits`` is needed only for candidates with an uneven split."""
     tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched, split = c
-    chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
     return Layout.model_construct(
         dp=dp,
         tp=tp,
@@ -101,13 +100,14 @@ def candidate_layout(c: Candidate, splits: LayerSplits | None = None) -> Layout:
         schedule=SCHEDULES[sched],
         recompute=RECOMPUTES[rec],
         offload_optimizer=bool(offload),
-        layers_per_stage=split_counts(splits, c, chunks) if split else None,
+        layers_per_stage=split_counts(splits, c) if split else None,
     )
 
 
-def split_counts(splits: LayerSplits, c: Candidate, chunks: int) -> tuple[int, ...] | None:
+def split_counts(splits: LayerSplits, c: Candidate) -> tuple[int, ...] | None:
     """A candidate's layers per chunk (its balanced split weighs the head at its degrees)."""
     tp, pp, cp, _dp, ep, etp, vpp, mbs, m, _zero, _sp, _offload, rec, sched, split = c
+    chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
     if split != 2:
         return splits.counts(pp, chunks, split)
     head = splits.head_weight(tp, cp, ep, etp, mbs, pp, m, vpp, SCHEDULES[sched], RECOMPUTES[rec])
@@ -127,11 +127,7 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
 def chunk_counts_text(c: Candidate, splits: LayerSplits) -> str:
     """A candidate's layers per chunk as ``estimate --layers-per-chunk`` takes them back
     ("" for the default split)."""
-    _tp, pp, _cp, _dp, _ep, _etp, vpp, *_rest, sched, split = c
-    if not split:
-        return ""
-    chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
-    counts = split_counts(splits, c, chunks)
+    counts = split_counts(splits, c)
     return ",".join(map(str, counts)) if counts else ""
 
 
