@@ -23,7 +23,7 @@ from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import InfeasibleError, InvalidInputError, NdplanError
 from ndplan.core.job import Job
-from ndplan.core.layout import SearchSpace
+from ndplan.core.layout import SearchSpace, layers_per_chunk_text
 from ndplan.core.model import ModelSpec
 from ndplan.core.plan import Plan
 from ndplan.core.units import GiB
@@ -139,10 +139,7 @@ def _row(scenario: Scenario, status: str, plan: Plan | None = None, reason: str 
             sp=lay.sequence_parallel,
             offload_optimizer=lay.offload_optimizer,
             schedule=lay.schedule,
-            # As `estimate --layers-per-chunk` takes it; None for the default split.
-            layers_per_chunk=(
-                ",".join(map(str, lay.layers_per_stage)) if lay.layers_per_stage else None
-            ),
+            layers_per_chunk=layers_per_chunk_text(lay.layers_per_stage),
             recompute=plan.recompute_summary(),
             step_s=plan.time.step_s if plan.time else None,
             tokens_per_s_per_device=plan.tokens_per_s_per_device,

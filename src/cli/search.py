@@ -371,9 +371,8 @@ def summary_line(result: SearchResult) -> str:
 
 def ranking_csv(outcome: SearchOutcome) -> str:
     rows = []
-    counts = outcome.layers_per_chunk or ("",) * len(outcome.ranking)
     for rank, ((candidate, priced), layers) in enumerate(
-        zip(outcome.ranking, counts, strict=True), start=1
+        zip(outcome.ranking, outcome.layers_per_chunk, strict=True), start=1
     ):
         row = {
             "rank": rank,

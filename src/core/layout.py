@@ -30,6 +30,12 @@ def layout_label(values: Mapping[str, Any]) -> str:
     )
 
 
+def layers_per_chunk_text(counts: tuple[int, ...] | None) -> str | None:
+    """Per-chunk layer counts as ``estimate --layers-per-chunk`` takes them back (None for
+    the default split)."""
+    return ",".join(map(str, counts)) if counts else None
+
+
 class Layout(Frozen):
     """One full assignment of degrees and options."""
 

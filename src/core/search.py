@@ -33,7 +33,14 @@ from typing import Any
 
 from .context import LayerSplits, PricingContext, mtp_room, mtp_room_splits_evenly
 from .errors import InfeasibleError, InvalidInputError
-from .layout import Layout, SearchSpace, dense_etp_error, heads_split, selective_not_offered
+from .layout import (
+    Layout,
+    SearchSpace,
+    dense_etp_error,
+    heads_split,
+    layers_per_chunk_text,
+    selective_not_offered,
+)
 from .model import MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
@@ -124,11 +131,32 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
     return d
 
 
-def chunk_counts_text(c: Candidate, splits: LayerSplits) -> str:
-    """A candidate's layers per chunk as ``estimate --layers-per-chunk`` takes them back
-    ("" for the default split)."""
-    counts = split_counts(splits, c)
-    return ",".join(map(str, counts)) if counts else ""
+def balanced_policies(
+    splits: LayerSplits,
+    recomputes: Sequence[int],
+    tp: int,
+    cp: int,
+    ep: int,
+    etp: int,
+    mbs: int,
+    pp: int,
+    m: int,
+    vpp: int,
+    sched: str,
+    split: int,
+) -> list[int]:
+    """The recompute policies under which the balanced split, its head weighed at these
+    degrees (``LayerSplits.head_weight``), exists and differs from the ``split`` a
+    pipeline already has."""
+    chunks = pp * vpp
+    own = splits.counts(pp, chunks, split)
+    differ = []
+    for rec in recomputes:
+        head = splits.head_weight(tp, cp, ep, etp, mbs, pp, m, vpp, sched, RECOMPUTES[rec])
+        counts = splits.counts(pp, chunks, 2, head)
+        if counts is not None and counts != own:
+            differ.append(rec)
+    return differ
 
 
 def tie_key(c: Candidate) -> tuple[int, ...]:
@@ -193,7 +221,6 @@ def enumerate_candidates(
     heads, kv_heads = model.head_count_for_tp
     num_layers = model.num_layers
     splits = ctx.layer_splits
-    balanced = splits if space.balance_layers else None
     experts = next((k.ffn.num_experts for k in model.kinds if isinstance(k.ffn, MoEFFN)), None)
     expert_width = next(
         (k.ffn.expert_intermediate_size for k in model.kinds if isinstance(k.ffn, MoEFFN)), None
@@ -327,6 +354,22 @@ def enumerate_candidates(
                             one_replica = dp * cp == 1 and (
                                 experts is None or dp * cp * tp == ep * etp
                             )
+                            balanced = (
+                                partial(
+                                    balanced_policies,
+                                    splits,
+                                    recomputes,
+                                    tp,
+                                    cp,
+                                    ep,
+                                    etp,
+                                    mbs,
+                                    pp,
+                                    m,
+                                )
+                                if space.balance_layers
+                                else None
+                            )
                             for vpp, sched, split, recs in _schedules(
                                 pp,
                                 m,
@@ -338,9 +381,8 @@ def enumerate_candidates(
                                 fw.uneven_pipeline,
                                 model.num_mtp_layers,
                                 out.reached,
-                                balanced,
-                                partial(splits.head_weight, tp, cp, ep, etp, mbs, pp, m),
                                 recomputes,
+                                balanced,
                             ):
                                 for zero in zeros:
                                     if pp > 1 and zero > fw.max_zero_with_pipeline:
@@ -409,30 +451,21 @@ def _schedules(
     uneven: bool = True,
     mtp_layers: int = 0,
     seen: dict[str, set] | None = None,
-    splits: LayerSplits | None = None,
-    head: Callable[[int, str, str], float | None] | None = None,
     recomputes: Sequence[int] = (RECOMPUTES.index("auto"),),
+    balanced: Callable[[int, str, int], list[int]] | None = None,
 ) -> Iterable[tuple[int, str, int, Sequence[int]]]:
     """(vpp, schedule, split, recompute policies) for one pipeline depth; ``seen``
     collects the depths and schedules the layers allow, before the micro-batch rules
-    refuse any. Where the framework places layers unevenly and ``splits`` is given, each
-    (vpp, schedule) also comes with the balanced split, for the policies under which that
-    differs from its own; ``head(vpp, schedule, recompute)`` weighs the output layer for
-    it (``LayerSplits.head_weight``; None: by FLOPs)."""
+    refuse any. Where the framework places layers unevenly and ``balanced`` is given
+    (``balanced_policies`` at this pipeline's other degrees), each (vpp, schedule) also
+    comes with the balanced split, for the policies under which it differs from its own."""
 
     def with_balanced(
         vpp: int, sched: str, split: int
     ) -> Iterator[tuple[int, str, int, Sequence[int]]]:
         yield vpp, sched, split, recomputes
-        if uneven and splits is not None and sched != "dualpipev":
-            chunks = pp * vpp
-            own = splits.counts(pp, chunks, split)
-            differ = []
-            for rec in recomputes:
-                weight = head(vpp, sched, RECOMPUTES[rec]) if head is not None else None
-                balanced = splits.counts(pp, chunks, 2, weight)
-                if balanced is not None and balanced != own:
-                    differ.append(rec)
+        if uneven and balanced is not None and sched != "dualpipev":
+            differ = balanced(vpp, sched, split)
             if differ:
                 yield vpp, sched, 2, differ
 
@@ -952,7 +985,8 @@ def search(
     )
     ranking = tuple((candidate_dict(candidates[i]), p) for _, _, _, i, p in results)
     layers_per_chunk = tuple(
-        chunk_counts_text(candidates[i], ctx.layer_splits) for _, _, _, i, _ in results
+        layers_per_chunk_text(split_counts(ctx.layer_splits, candidates[i]))
+        for _, _, _, i, _ in results
     )
     result = SearchResult(
         summary=summary,
@@ -968,8 +1002,8 @@ class SearchOutcome:
 
     result: SearchResult
     ranking: tuple[tuple[dict[str, Any], Priced], ...]
-    layers_per_chunk: tuple[str, ...] = ()
-    """Per ranked plan, an uneven split's layers per chunk ("" for the default split)."""
+    layers_per_chunk: tuple[str | None, ...]
+    """Per ranked plan, an uneven split's layers per chunk (None for the default split)."""
 
 
 def _pop_batch(
