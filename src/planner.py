@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ndplan.adapters.devices.calibration import load_calibration
+from ndplan.adapters.devices.calibration import check_calibration_names, load_calibration
 from ndplan.adapters.executors.faults import GuardedPricing, guarded_rule
 from ndplan.adapters.readers.resolve import load_model
 from ndplan.bootstrap import Components, bootstrap
@@ -21,6 +21,7 @@ from ndplan.core.calibration import Calibration
 from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, PluginError
+from ndplan.core.frameworks import FRAMEWORKS
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DEFAULT_BUCKET_BYTES
 from ndplan.core.layout import (
@@ -70,7 +71,10 @@ class Planner:
         return self.components.devices.get(name)
 
     def calibration(self, path: Path | None) -> Calibration:
-        return load_calibration(path)
+        calibration = load_calibration(path)
+        if path is not None:  # the shipped file is checked by its tests
+            check_calibration_names(calibration, path, self.components.devices, FRAMEWORKS)
+        return calibration
 
     def context(
         self,

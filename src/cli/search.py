@@ -296,16 +296,22 @@ UNEVEN_NOTE = (
 )
 
 
+def pipeline_cell(pp: int, vpp: int, schedule: str, uneven: bool) -> str:
+    """A table's pp column: ``8×5`` for interleaved chunks, ``4v`` for DualPipeV, ``*``
+    for an uneven layer split (the search table and the sweep's alike)."""
+    return (
+        f"{pp}"
+        + (f"×{vpp}" if vpp > 1 else "")
+        + ("v" if schedule == "dualpipev" else "")
+        + (UNEVEN_MARK if uneven else "")
+    )
+
+
 def ranking_table(plans: tuple[Plan, ...]):
     rows = []
     for p in plans:
         lay = p.layout
-        pp = (
-            f"{lay.pp}"
-            + (f"×{lay.vpp}" if lay.vpp > 1 else "")
-            + ("v" if lay.schedule == "dualpipev" else "")
-            + (UNEVEN_MARK if lay.layers_per_stage is not None else "")
-        )
+        pp = pipeline_cell(lay.pp, lay.vpp, lay.schedule, lay.layers_per_stage is not None)
         rows.append(
             (
                 p.rank,

@@ -39,7 +39,7 @@ from .common import (
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import check_output_file, print_json, stdout, table, write_atomic
-from .search import UNEVEN_MARK, UNEVEN_NOTE, build_space, load_space_file, space_values
+from .search import UNEVEN_NOTE, build_space, load_space_file, pipeline_cell, space_values
 
 GRID_KEYS = ("model", "device", "devices", "gbs", "seq_len")
 """What varies: each a scalar or a list; every combination is one scenario."""
@@ -143,11 +143,7 @@ def rows_table(rows: list[dict]):
         if r["status"] != "ok":
             out.append((*head, *[""] * 12, f"{r['status']}: {r['reason']}"))
             continue
-        pp = (
-            f"{r['pp']}"
-            + (f"×{r['vpp']}" if r["vpp"] > 1 else "")
-            + (UNEVEN_MARK if r["layers_per_chunk"] else "")
-        )
+        pp = pipeline_cell(r["pp"], r["vpp"], r["schedule"], bool(r["layers_per_chunk"]))
         out.append(
             (
                 *head,
@@ -354,7 +350,10 @@ def sweep_cmd(
             stdout.print(rows_table(rows))
             found = sum(r["status"] == "ok" for r in rows)
             stdout.print(
-                Text(f"{len(rows)} scenarios · {found} with a plan · {len(rows) - found} without")
+                Text(
+                    f"{len(rows)} scenario{'s' if len(rows) != 1 else ''} · {found} with a plan · "
+                    f"{len(rows) - found} without"
+                )
             )
     if not any(r["status"] == "ok" for r in rows):
         raise typer.Exit(int(ExitCode.NO_FEASIBLE_PLAN))

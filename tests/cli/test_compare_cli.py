@@ -8,8 +8,9 @@
   prices differently from the shipped one, and is not overwritten without ``--force``
   (exit 3, file untouched);
 - bad input is exit 3 with one line: a CSV without the required columns, a file that
-  does not exist, an invalid, binary or absent calibration file (naming the field), a non-UTF-8
-  CSV, an unknown ``--rows``; a truncated row is skipped with a reason.
+  does not exist, an invalid, binary or absent calibration file (naming the field), one
+  keyed by a device, family or framework nothing would read (a device file's id is read),
+  a non-UTF-8 CSV, an unknown ``--rows``; a truncated row is skipped with a reason.
 """
 
 from __future__ import annotations
@@ -311,6 +312,76 @@ def test_invalid_calibration_file_names_the_field(
     assert code == ExitCode.INVALID_INPUT
     line = one_error_line(err)
     assert "default.gemm" in line and "cal.json" in line
+
+
+def _shipped_with(change) -> dict:
+    data = json.loads(shipped_calibration().model_dump_json())
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "hint"),
+    [
+        (lambda d: d["devices"].update(hoper=d["devices"]["hopper"]), "devices.hoper", "'hopper'"),
+        (lambda d: d["families"].update({"h100": "hopper"}), "families.h100", "'h100-sxm'"),
+        (lambda d: d["overlap"].update(megatorn={}), "overlap.megatorn", "'megatron'"),
+        (lambda d: d["attention_scale"].update(titan=1.0), "attention_scale.titan", "torchtitan"),
+        # Family keys without the map that names them: no device would ever read them.
+        (lambda d: d.pop("families"), "devices.ampere", "families"),
+    ],
+    ids=["device-typo", "device-alias", "framework-typo", "scale-typo", "no-families"],
+)
+def test_calibration_keys_nothing_would_read_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, change, where: str, hint: str
+) -> None:
+    """A misspelt device, family or framework key would leave its fit unused and price
+    with the defaults: refused, naming the key and the fix."""
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps(_shipped_with(change)), encoding="utf-8")
+    code, _, err = invoke(capsys, "estimate", *ESTIMATE, "--calibration", str(bad))
+    assert code == ExitCode.INVALID_INPUT
+    line = one_error_line(err)
+    assert f"{where}:" in line and hint in line and "cal.json" in line
+
+
+def test_calibration_keys_by_a_device_files_id_are_read(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """A device added by --device-file is a known id, and its fit is what prices it."""
+    device = tmp_path / "lab.yaml"
+    source = Path(importlib.import_module("ndplan.adapters.devices.data").__file__).parent
+    lines = (source / "h100-sxm.yaml").read_text(encoding="utf-8").splitlines()
+    lab = [
+        "id: lab-h100" if ln.startswith("id:") else ln
+        for ln in lines
+        if not ln.startswith("aliases:")
+    ]
+    device.write_text("\n".join(lab) + "\n", encoding="utf-8")
+    slow = _shipped_with(
+        lambda d: d["devices"].update({"lab-h100": {**d["devices"]["hopper"], "gemm": 0.2}})
+    )
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(slow), encoding="utf-8")
+    argv = (
+        "estimate",
+        "-m",
+        "llama-3.1-8b",
+        "-d",
+        "lab-h100",
+        "-n",
+        "8",
+        "--gbs",
+        "64",
+        "-s",
+        "4096",
+    )
+    argv += ("--device-file", str(device), "--json")
+    code, default_out, err = invoke(capsys, *argv)
+    assert code == 0, err
+    code, fitted_out, err = invoke(capsys, *argv, "--calibration", str(cal))
+    assert code == 0, err
+    assert json.loads(fitted_out)["time"]["step_s"] > json.loads(default_out)["time"]["step_s"]
 
 
 def test_calibration_file_that_is_not_json_or_absent(

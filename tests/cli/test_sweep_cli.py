@@ -177,3 +177,18 @@ def test_a_balanced_best_plan_states_its_layers_per_chunk(capsys, tmp_path: Path
     space.write_text("pp: 16\ntp: 1\nvpp: 1\nmbs: 1\nbalance_layers: false\n", encoding="utf-8")
     even = sweep_json(capsys, *argv, "--space", str(space), "-j", "1")
     assert even[0]["layers_per_chunk"] is None and even[0]["step_s"] > rows[0]["step_s"]
+
+
+def test_a_dualpipev_best_plan_is_marked_in_the_table(capsys, tmp_path: Path) -> None:
+    """The pp column marks DualPipeV with a v, as the search table does: pp 2 alone would
+    read as a plain 1F1B pipeline."""
+    argv = ["-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "64", "-s", "4096", "-j", "1"]
+    space = tmp_path / "space.yaml"
+    space.write_text("schedule: dualpipev\npp: 2\ntp: 1\n", encoding="utf-8")
+    rows = sweep_json(capsys, *argv, "--space", str(space))
+    assert rows[0]["schedule"] == "dualpipev" and rows[0]["pp"] == 2
+    assert run(["sweep", *argv, "--space", str(space)]) == 0
+    out = capsys.readouterr().out
+    assert "│ 2v │" in out and "1 scenario · 1 with a plan" in out
+    assert run(["search", *argv, "--space", str(space), "-t", "1"]) == 0
+    assert "│ 2v" in capsys.readouterr().out
