@@ -32,12 +32,14 @@ class AssumptionRecorder:
     strict: bool = False
     _seen: dict[str, Assumption] = field(default_factory=dict)
 
-    def default(self, field_name: str, value: Any, reader: str) -> Any:
+    def default(
+        self, field_name: str, value: Any, reader: str, fix: str = "state it explicitly"
+    ) -> Any:
         """Record that ``field_name`` was unset and ``value`` was used; return ``value``."""
         if self.strict:
             raise InvalidInputError(
                 f"{field_name}: not stated, and --strict forbids assuming {value!r} "
-                f"(read by {reader}); state it explicitly"
+                f"(read by {reader}); {fix}"
             )
         if field_name not in self._seen:
             self._seen[field_name] = Assumption(field_name, value, reader)

@@ -130,6 +130,10 @@ class Calibration(Frozen):
     fit: dict[str, float] = Field(default_factory=dict)
     """Figures from the fit that produced this file (rows used, train error)."""
 
+    def fits_device(self, device: DeviceSpec) -> bool:
+        """Whether the file has a fit for this device or its family (else ``default``)."""
+        return device.id in self.devices or self.families.get(device.id) in self.devices
+
     def for_device(self, device: DeviceSpec) -> DeviceEfficiency:
         if device.id in self.devices:
             return self.devices[device.id]

@@ -158,7 +158,17 @@ class NdplanCostModel:
     def efficiency(self, ctx: PricingContext) -> DeviceEfficiency:
         found = ctx.cache.get("efficiency")
         if found is None:
-            found = ctx.cache["efficiency"] = self._calibration(ctx).for_device(ctx.device)
+            calibration = self._calibration(ctx)
+            if not calibration.fits_device(ctx.device):
+                # A device no fit names (a device file, a plugin, a part with no measured
+                # runs) is priced with the cross-device fit: say so, as for any default.
+                ctx.recorder.default(
+                    f"calibration.devices.{ctx.device.id}",
+                    "default",
+                    "pricing: no fit for it or its family",
+                    fix="give --calibration a file with a fit for it (ndplan compare --fit)",
+                )
+            found = ctx.cache["efficiency"] = calibration.for_device(ctx.device)
         return found
 
     def overlap(self, ctx: PricingContext) -> Overlap:

@@ -348,7 +348,9 @@ def test_calibration_keys_nothing_would_read_are_refused(
 def test_calibration_keys_by_a_device_files_id_are_read(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    """A device added by --device-file is a known id, and its fit is what prices it."""
+    """A device added by --device-file is a known id, and its fit is what prices it;
+    without one, the default fit prices it and the assumptions line says so (--strict
+    refuses, naming the fix)."""
     device = tmp_path / "lab.yaml"
     source = Path(importlib.import_module("ndplan.adapters.devices.data").__file__).parent
     lines = (source / "h100-sxm.yaml").read_text(encoding="utf-8").splitlines()
@@ -379,8 +381,21 @@ def test_calibration_keys_by_a_device_files_id_are_read(
     argv += ("--device-file", str(device), "--json")
     code, default_out, err = invoke(capsys, *argv)
     assert code == 0, err
+    # Priced with the cross-device fit until a file fits it, and the assumptions say so.
+    assert "calibration.devices.lab-h100=default (pricing: no fit for it or its family)" in err
     code, fitted_out, err = invoke(capsys, *argv, "--calibration", str(cal))
     assert code == 0, err
+    assert "calibration.devices" not in err
+    job = tmp_path / "job.yaml"  # every job field stated: the device's fit is what is left
+    job.write_text(
+        "framework: megatron\nprecision: bf16\noptimizer: adam\nattention_kernel: flash\n"
+        "dropout: 0.0\nfinetune: full\nactivation_offload: false\nfused_loss: true\n"
+        "grad_reduce_dtype: fp32\n",
+        encoding="utf-8",
+    )
+    code, _, err = invoke(capsys, *argv, "--strict", "--zero", "1", "--job", str(job))
+    assert code == ExitCode.INVALID_INPUT
+    assert "give --calibration a file with a fit for it" in one_error_line(err)
     assert json.loads(fitted_out)["time"]["step_s"] > json.loads(default_out)["time"]["step_s"]
 
 

@@ -294,6 +294,26 @@ def test_a_valid_device_file_adds_its_device(
     assert "h100-sxm" in rows
 
 
+def test_a_devices_json_entry_is_a_device_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Copying a catalog entry from `devices --json` and editing it is how a user writes a
+    device file: its listing fields (registered_by, replaced) are read past, not refused."""
+    assert run(["devices", "--json"]) == ExitCode.OK
+    h100 = next(d for d in json.loads(capsys.readouterr().out) if d["id"] == "h100-sxm")
+    lab = tmp_path / "lab.json"
+    lab.write_text(json.dumps({**h100, "id": "lab-h100", "aliases": [], "memory_gib": 96}))
+    assert run(["devices", "--json", "--device-file", str(lab)]) == ExitCode.OK
+    rows = {row["id"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["lab-h100"]["memory_gib"] == 96
+    assert rows["lab-h100"]["registered_by"] == f"device-file:{lab}"
+    assert {
+        k: v for k, v in rows["lab-h100"].items() if k not in ("id", "memory_gib", "registered_by")
+    } == {
+        k: v for k, v in h100.items() if k not in ("id", "aliases", "memory_gib", "registered_by")
+    } | {"aliases": []}
+
+
 # --------------------------------------------------------------- end to end
 
 

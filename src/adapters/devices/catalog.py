@@ -26,6 +26,11 @@ def _first_error(exc: ValidationError) -> str:
     return f"{where}: {message}" if where else message  # a model-level check has no field
 
 
+LISTING_FIELDS = ("registered_by", "replaced")
+"""What ``ndplan devices --json`` adds to each device: who registered it, not what it is.
+Read past, so a copied and edited entry (or the whole listing) is a device file."""
+
+
 def parse_devices(data: Any, origin: str) -> list[DeviceSpec]:
     """One device (a mapping) or several (``devices: [...]`` or a list) from parsed YAML/JSON."""
     if isinstance(data, dict) and "devices" in data:
@@ -38,7 +43,8 @@ def parse_devices(data: Any, origin: str) -> list[DeviceSpec]:
                 f"{origin}: device {i} is not a mapping; see `ndplan schema DeviceSpec`"
             )
         try:
-            devices.append(DeviceSpec.model_validate(item))
+            fields = {k: v for k, v in item.items() if k not in LISTING_FIELDS}
+            devices.append(DeviceSpec.model_validate(fields))
         except ValidationError as exc:
             ident = item.get("id", f"#{i}")
             raise InvalidInputError(f"{origin}: device '{ident}': {_first_error(exc)}") from None
