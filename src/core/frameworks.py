@@ -72,6 +72,9 @@ class FrameworkTraits:
     activation_offload: bool
     """Layers can offload their saved activations to host memory (Megatron's
     --cpu-offloading, Transformer Engine's offload context)."""
+    tp_comm_overlap: bool = True
+    """TP collectives can overlap the GEMMs around them (Megatron's --tp-comm-overlap,
+    torchtitan's async TP); DeepSpeed's tensor parallelism has no such overlap."""
     deferred_embedding_wgrad: bool = False
     """The last pipeline stage can defer the output layer's weight gradient to the
     pipeline drain (Megatron's --defer-embedding-wgrad-compute)."""
@@ -100,6 +103,11 @@ class FrameworkTraits:
             return (
                 f"{self.name} does not offload activations to host memory (Megatron's "
                 "--cpu-offloading); drop --activation-offload or use --framework megatron"
+            )
+        if field == "tp_comm_overlap" and value and not self.tp_comm_overlap:
+            return (
+                f"{self.name} does not overlap TP collectives with the GEMMs (Megatron's "
+                "--tp-comm-overlap); drop --tp-comm-overlap or use --framework megatron"
             )
         if field == "defer_embedding_wgrad" and value and not self.deferred_embedding_wgrad:
             return (
@@ -202,6 +210,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         dp_bucket_bytes=2 * 500_000_000 * 2,
         fp8_primary_weights=False,
         activation_offload=False,
+        tp_comm_overlap=False,
         max_zero_with_pipeline=1,
     ),
 }

@@ -68,8 +68,9 @@ class Job(Frozen):
     tp_comm_overlap: bool | None = None
     """Whether the TP all-gathers and reduce-scatters overlap the GEMMs around them
     (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers; torchtitan's
-    async TP), hiding the framework's fitted share; False exposes them whole. On when
-    unstated: performance recipes turn it on."""
+    async TP), hiding the framework's fitted share; False exposes them whole. The
+    framework's default when unstated: on where it has the overlap (performance recipes
+    turn it on), off for DeepSpeed, which has none (asking for it there is refused)."""
     fp8_param_gather: bool | None = None
     """Whether fp8/MXFP8-quantised linear weights are the model's parameters (Megatron's
     ``--fp8-param-gather``): no bf16 copy of them is kept beside the quantised one, the
@@ -100,7 +101,13 @@ class Job(Frozen):
     compute it in line); 0 defers every one, as in Megatron. 22 when unstated, the
     recipes' value."""
 
-    @field_validator("cp_kind", "fp8_param_gather", "activation_offload", "defer_embedding_wgrad")
+    @field_validator(
+        "cp_kind",
+        "tp_comm_overlap",
+        "fp8_param_gather",
+        "activation_offload",
+        "defer_embedding_wgrad",
+    )
     @classmethod
     def _offered_by_the_framework(cls, value: Any, info: ValidationInfo) -> Any:
         if value is None:
@@ -132,13 +139,12 @@ JOB_DEFAULTS: dict[str, Any] = {
     "dropout": 0.0,
     "moe_capacity_factor": 1.0,
     "finetune": "full",
-    "tp_comm_overlap": True,
     "fp8_param_gather": True,
     "activation_offload": False,
     "defer_embedding_wgrad": False,
     "wgrad_deferral_limit": 22,
 }
-FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype", "cp_kind")
+FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype", "cp_kind", "tp_comm_overlap")
 """Fields whose default depends on the framework (read from its traits)."""
 
 

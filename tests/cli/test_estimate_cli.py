@@ -516,6 +516,7 @@ def test_torchtitan_has_no_tensor_parallelism_without_sp(
         ("--activation-offload", "torchtitan"),
         ("--defer-embedding-wgrad", "deepspeed"),
         ("--fp8-param-gather", "mindformers"),
+        ("--tp-comm-overlap", "deepspeed"),
     ],
 )
 def test_a_megatron_switch_asked_of_another_framework_is_refused(
