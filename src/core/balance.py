@@ -12,7 +12,8 @@ own split and the balanced split the search tries (``context.balanced_split``, t
 head weighed by the cost model). Each round tries moving one layer off the stages that
 bind: the two slowest (per micro-batch) and the one nearest its memory limit, onto
 every other stage. It takes the best move while it improves: first fitting, then the
-least over-memory, then the shortest step, then the lowest peak. A round prices at most ``3·(pp − 1)`` placements.
+least over-memory, then the shortest step, then the lowest peak. A round prices at
+most ``3·(pp − 1)`` placements.
 """
 
 from __future__ import annotations

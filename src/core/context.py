@@ -385,8 +385,9 @@ class LayerSplits:
         faster spread over EP ranks), and on the pipeline (its depth, VPP, schedule and
         micro-batch count) only through the share of output-layer weight gradients
         deferred to the drain; a search meets tens of thousands of pipelines for a few
-        hundred of these (354 for Llama 3 70B on 1,024 H100). Data parallelism and ZeRO leave both alike; sequence parallelism, which
-        shards only the norms, is taken as on wherever tp > 1."""
+        hundred of these (354 for Llama 3 70B on 1,024 H100). Data parallelism and ZeRO
+        leave both alike; sequence parallelism, which shards only the norms, is taken as
+        on wherever tp > 1."""
         if self._weigher is None or not self._balances:
             return None
         key = (tp, cp, ep, etp, mbs, recompute, self._deferred_wgrads(pp, schedule, m) / m)
@@ -434,25 +435,41 @@ class LayerSplits:
                 self._found[key] = balanced_split(self._model, self._span, pp, chunks // pp, head)
         return self._found[key]
 
+    def balanced(
+        self,
+        tp: int,
+        cp: int,
+        ep: int,
+        etp: int | None,
+        mbs: int,
+        pp: int,
+        m: int,
+        vpp: int,
+        schedule: str,
+        recompute: str,
+    ) -> tuple[int, ...] | None:
+        """The balanced split (code 2) of a pipeline of these degrees, its head weighed
+        at them (``head_weight``)."""
+        head = self.head_weight(tp, cp, ep, etp, mbs, pp, m, vpp, schedule, recompute)
+        chunks = 2 * pp if schedule == "dualpipev" else pp * vpp
+        return self.counts(pp, chunks, 2, head)
+
     def for_layout(self, layout: Layout, split: int) -> tuple[int, ...] | None:
         """``counts`` for a layout's pipeline shape, its head weighed at its degrees."""
-        head = (
-            self.head_weight(
-                layout.tp,
-                layout.cp,
-                layout.ep,
-                layout.expert_tp,
-                layout.mbs,
-                layout.pp,
-                layout.num_microbatches,
-                layout.vpp,
-                layout.schedule,
-                layout.recompute,
-            )
-            if split == 2
-            else None
+        if split != 2:
+            return self.counts(layout.pp, layout.chunks, split)
+        return self.balanced(
+            layout.tp,
+            layout.cp,
+            layout.ep,
+            layout.expert_tp,
+            layout.mbs,
+            layout.pp,
+            layout.num_microbatches,
+            layout.vpp,
+            layout.schedule,
+            layout.recompute,
         )
-        return self.counts(layout.pp, layout.chunks, split, head)
 
 
 @dataclass

@@ -114,11 +114,10 @@ def candidate_layout(c: Candidate, splits: LayerSplits | None = None) -> Layout:
 def split_counts(splits: LayerSplits, c: Candidate) -> tuple[int, ...] | None:
     """A candidate's layers per chunk (its balanced split weighs the head at its degrees)."""
     tp, pp, cp, _dp, ep, etp, vpp, mbs, m, _zero, _sp, _offload, rec, sched, split = c
-    chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
     if split != 2:
+        chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
         return splits.counts(pp, chunks, split)
-    head = splits.head_weight(tp, cp, ep, etp, mbs, pp, m, vpp, SCHEDULES[sched], RECOMPUTES[rec])
-    return splits.counts(pp, chunks, split, head)
+    return splits.balanced(tp, cp, ep, etp, mbs, pp, m, vpp, SCHEDULES[sched], RECOMPUTES[rec])
 
 
 def candidate_dict(c: Candidate) -> dict[str, Any]:
@@ -148,12 +147,10 @@ def balanced_policies(
     """The recompute policies under which the balanced split, its head weighed at these
     degrees (``LayerSplits.head_weight``), exists and differs from the ``split`` a
     pipeline already has."""
-    chunks = pp * vpp
-    own = splits.counts(pp, chunks, split)
+    own = splits.counts(pp, pp * vpp, split)
     differ = []
     for rec in recomputes:
-        head = splits.head_weight(tp, cp, ep, etp, mbs, pp, m, vpp, sched, RECOMPUTES[rec])
-        counts = splits.counts(pp, chunks, 2, head)
+        counts = splits.balanced(tp, cp, ep, etp, mbs, pp, m, vpp, sched, RECOMPUTES[rec])
         if counts is not None and counts != own:
             differ.append(rec)
     return differ
