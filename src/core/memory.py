@@ -15,6 +15,7 @@ dropout) come out as special cases: ``s·b·h·(34/t + 5as/(ht))`` with TP+SP,
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .cluster import DeviceSpec
@@ -24,7 +25,7 @@ from .frameworks import offloads, per_op_policy_applies
 from .layout import Layout
 from .model import DenseFFN, LatentAttention, LayerKind, LinearAttention, MoEFFN, StandardAttention
 from .plan import MemoryBreakdown, StageMemory
-from .ports import Recompute
+from .ports import REFETCH_PART, Recompute
 from .recompute import activation_offload_offered
 
 # Bytes per element of a saved linear-layer input under each recipe: fp8 recipes save
@@ -407,7 +408,9 @@ class NdplanMemoryModel:
         parts["comm_buffers"] = (
             self._comm_buffers(ctx, layout, stage) + ctx.framework.dp_bucket_bytes
         )
-        parts["working_set"] = self._working_set(ctx, layout, stage)
+        gradients, refetch = self._working_set(ctx, layout, stage)
+        parts["working_set"] = gradients
+        parts[REFETCH_PART] = refetch
         return parts
 
     def _largest_layer_params(
@@ -486,12 +489,15 @@ class NdplanMemoryModel:
                 largest = max(largest, 2 * ACTIVATION_BYTES * copies * h)  # dispatch + combine
         return largest
 
-    def _working_set(self, ctx: PricingContext, layout: Layout, stage: StagePlacement) -> float:
-        """The first backward at the end of warm-up: one layer's gradient tensors, plus —
-        when layers recompute, or may be offloaded — re-running its forward or bringing
-        its tensors back from the host (the plain option's tensors either way)."""
+    def _working_set(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> tuple[float, float]:
+        """The first backward at the end of warm-up: one layer's gradient tensors; and,
+        apart (``REFETCH_PART``), what re-running its forward or bringing its tensors back
+        from the host adds — the plain option's tensors either way — when layers may
+        recompute or offload. The largest layer kind sets both, as one sum."""
         refetch = layout.recompute != "none" or activation_offload_offered(ctx)
-        largest = 0.0
+        gradients = with_refetch = 0.0
         for kind_index, _, _ in stage.groups:
             kind = ctx.model.kinds[kind_index]
             tensors = [tt for tt in layer_tensors(ctx, layout, kind) if not tt.kept_by]
@@ -500,8 +506,9 @@ class NdplanMemoryModel:
             grads = (
                 tensors[0].nbytes * 2 + biggest
             )  # input/output gradients + the widest intermediate
-            largest = max(largest, grads + (plain if refetch else 0.0))
-        return largest
+            gradients = max(gradients, grads)
+            with_refetch = max(with_refetch, grads + (plain if refetch else 0.0))
+        return gradients, with_refetch - gradients
 
     # ------------------------------------------------------------------ breakdown
 
@@ -515,13 +522,28 @@ class NdplanMemoryModel:
         (kind index, in-flight, layer count, recompute) for its layers."""
         stages = []
         for stage, choices in zip(ctx.placement(layout), stage_choices, strict=True):
-            parts = dict(self.stage_static_bytes(ctx, layout, stage))
+            parts = charged_static(self.stage_static_bytes(ctx, layout, stage), choices)
             act = 0
             for kind_index, in_flight, count, recompute in choices:
                 kind = ctx.model.kinds[kind_index]
                 act += count * in_flight * self.layer_activation_bytes(ctx, layout, kind, recompute)
             stages.append(stage_memory(stage, {"activations": act, **parts}))
         return _finish(ctx, "ndplan", stages)
+
+
+def keeps_all(assignment: Sequence[tuple[int, int, int, Recompute]]) -> bool:
+    """Whether every layer of a stage keeps its activations: nothing is re-run or fetched
+    back in its backward, so it needs no ``REFETCH_PART``."""
+    return all(recompute == frozenset() for *_, recompute in assignment)
+
+
+def charged_static(
+    parts: dict[str, int], assignment: Sequence[tuple[int, int, int, Recompute]]
+) -> dict[str, int]:
+    """A stage's static parts as charged under ``assignment``."""
+    if REFETCH_PART in parts and keeps_all(assignment):
+        return {k: v for k, v in parts.items() if k != REFETCH_PART}
+    return dict(parts)
 
 
 def stage_memory(stage: StagePlacement, parts: dict[str, int]) -> StageMemory:

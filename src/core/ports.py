@@ -25,6 +25,11 @@ Recompute = frozenset[str] | None
 and moves the layer's saved activations to host memory between its forward and its
 backward (activation offload)."""
 
+REFETCH_PART = "refetch_working_set"
+"""The static part a stage needs only while one of its layers is re-run or brought back
+from the host in the backward: the pricer drops it on stages whose layers all keep their
+activations (option ``none``)."""
+
 
 @runtime_checkable
 class MemoryModel(Protocol):
@@ -43,7 +48,9 @@ class MemoryModel(Protocol):
     ) -> dict[str, int]:
         """Everything on the stage's busiest device that the recompute choice does not
         change (weights, gradients, optimizer state, buffers, the backward working set,
-        the reserve, embedding and loss activations), by part."""
+        the reserve, embedding and loss activations), by part. Name the working set of
+        re-running or fetching back a layer ``REFETCH_PART``: the pricer drops it on
+        stages that recompute and offload nothing."""
         ...
 
     def layer_activation_bytes(

@@ -14,9 +14,9 @@ from .context import PricingContext, StagePlacement, layer_key, placement_key
 from .counting import count_flops, model_flops_per_step
 from .kernels.knapsack import LayerGroup, StageChoice
 from .layout import Layout
-from .memory import stage_memory
+from .memory import charged_static, keeps_all, stage_memory
 from .plan import MemoryBreakdown, Plan, RecomputeRange, TimeBreakdown
-from .ports import CostModel, KnapsackSolver, MemoryModel, Recompute
+from .ports import REFETCH_PART, CostModel, KnapsackSolver, MemoryModel, Recompute
 from .recompute import (
     OFFLOADED,
     activation_offload_offered,
@@ -125,7 +125,18 @@ class Pricer:
         return stages, tuple(self.memory.stage_static_bytes(self.ctx, layout, s) for s in stages)
 
     def _static_totals(self, layout: Layout, stages: tuple[StagePlacement, ...]) -> list[int]:
-        """Per stage, the total of its static parts (stages with one role share it).
+        """Per stage, the total of its static parts, ``REFETCH_PART`` included."""
+        return self._statics(layout, stages)[0]
+
+    def _refetch_bytes(self, layout: Layout, stages: tuple[StagePlacement, ...]) -> list[int]:
+        """Per stage, its ``REFETCH_PART``: charged only where a layer recomputes or offloads."""
+        return self._statics(layout, stages)[1]
+
+    def _statics(
+        self, layout: Layout, stages: tuple[StagePlacement, ...]
+    ) -> tuple[list[int], list[int]]:
+        """Per stage, (the total of its static parts, its ``REFETCH_PART``); stages with
+        one role share them.
 
         Memoised per layout too (on the shard degrees and the placement), because the
         search asks twice per candidate — the memory check, then the bound."""
@@ -142,20 +153,20 @@ class Pricer:
             layout.recompute != "none",
         )
         cache = self.ctx.cache
-        layout_key = ("static_totals", shard, *placement_key(layout))
+        layout_key = ("statics", shard, *placement_key(layout))
         out = cache.get(layout_key)
         if out is not None:
             return out
-        out = []
+        totals, refetches = [], []
         for stage in stages:
             key = ("static_total", stage.role, shard)
-            total = cache.get(key)
-            if total is None:
-                total = cache[key] = sum(
-                    self.memory.stage_static_bytes(self.ctx, layout, stage).values()
-                )
-            out.append(total)
-        cache[layout_key] = out
+            found = cache.get(key)
+            if found is None:
+                parts = self.memory.stage_static_bytes(self.ctx, layout, stage)
+                found = cache[key] = (sum(parts.values()), parts.get(REFETCH_PART, 0))
+            totals.append(found[0])
+            refetches.append(found[1])
+        out = cache[layout_key] = (totals, refetches)
         return out
 
     def _kind_bytes(self, layout: Layout, recompute: Recompute) -> list[int]:
@@ -190,13 +201,24 @@ class Pricer:
 
     def lightest_miss(self, layout: Layout) -> MemoryMiss | None:
         """None when every stage fits with its lightest option (full recompute, or
-        activation offload where offered); else the worst stage's overflow."""
+        activation offload where offered) or with every layer kept and no refetch working
+        set; else the worst stage's overflow."""
         stages = self.ctx.placement(layout)
         per_kind = self._lightest_kind_bytes(layout)
         budget = self.ctx.budget_bytes
+        static_totals, refetches = self._statics(layout, stages)
         worst: MemoryMiss | None = None
-        for stage, static in zip(stages, self._static_totals(layout, stages), strict=True):
+        for stage, static, refetch in zip(stages, static_totals, refetches, strict=True):
             over = static + sum(units * per_kind[kind] for kind, units in stage.units) - budget
+            if over > 0 and refetch:
+                kept = self._kind_bytes(layout, frozenset())
+                over = min(
+                    over,
+                    static
+                    - refetch
+                    + sum(units * kept[kind] for kind, units in stage.units)
+                    - budget,
+                )
             if over > 0 and (worst is None or over > worst.over_bytes):
                 worst = MemoryMiss(stage.index, over)
         return worst
@@ -233,7 +255,8 @@ class Pricer:
         self, layout: Layout, static_totals: list[int], only: tuple[str, ...] | None = None
     ) -> tuple[Assignment, ...] | None:
         """Per stage, the exact knapsack within what the static memory leaves (``only``:
-        among the options of those names).
+        among the options of those names); or every layer kept, where that fits without
+        the stage's ``REFETCH_PART`` and is at least as fast (then as light).
 
         Memoised on its true key (spec/search.md): the layer degrees (which fix every
         front), the stage's (kind, layers, in-flight) groups, and the budget. Layouts that
@@ -243,20 +266,63 @@ class Pricer:
         out = []
         cache = self.ctx.cache
         degrees = layer_key(layout)
-        for stage, static in zip(self.ctx.placement(layout), static_totals, strict=True):
+        stages = self.ctx.placement(layout)
+        refetches = self._refetch_bytes(layout, stages)
+        for stage, static, refetch in zip(stages, static_totals, refetches, strict=True):
             budget = self.ctx.budget_bytes - static
-            key = ("stage_choice", degrees, stage.groups, budget, only)
+            key = ("stage_choice", degrees, stage.groups, budget, refetch, only)
             assignment = cache.get(key, _UNSOLVED)
             if assignment is _UNSOLVED:
                 choice = self.solver.choose(self.stage_groups(layout, stage, only), budget)
                 assignment = None
                 if choice is not None:
                     assignment = self.choice_to_assignment(layout, stage, choice)
+                if (
+                    refetch
+                    and (assignment is None or not keeps_all(assignment))
+                    and self._keeping_all_wins(layout, stage, choice, budget, refetch)
+                ):
+                    assignment = tuple(
+                        (kind, k, count, frozenset()) for kind, count, k in stage.groups
+                    )
                 cache[key] = assignment
             if assignment is None:
                 return None
             out.append(assignment)
         return tuple(out)
+
+    def _keeping_all_wins(
+        self,
+        layout: Layout,
+        stage: StagePlacement,
+        choice: StageChoice | None,
+        budget: int,
+        refetch: int,
+    ) -> bool:
+        """Whether every layer kept — which frees the stage's ``refetch`` bytes — fits
+        ``budget + refetch`` and beats the knapsack's ``choice`` (solved with ``refetch``
+        charged) on its own terms: less time, or as little and no more memory."""
+        kinds = self.ctx.model.kinds
+        memory = 0
+        seconds = 0.0
+        for kind_index, count, k in stage.groups:
+            kept = next(
+                opt
+                for opt, rec in kind_options(
+                    self.ctx, layout, kinds[kind_index], self.memory, self.cost
+                )
+                if rec == frozenset()
+            )
+            memory += count * kept.memory(k)
+            seconds += count * kept.time
+        if memory > budget + refetch:
+            return False
+        if choice is None:
+            return True
+        tolerance = 1e-12 * choice.time_s
+        if seconds < choice.time_s - tolerance:
+            return True
+        return seconds <= choice.time_s + tolerance and memory <= choice.memory_bytes + refetch
 
     # ------------------------------------------------------------------ pricing
 
@@ -324,6 +390,13 @@ class Pricer:
         with_time: bool,
     ) -> PricedLayout:
         ctx = self.ctx
+        # A stage that keeps every layer re-runs and fetches back nothing.
+        static_totals = [
+            static - (refetch if keeps_all(a) else 0)
+            for static, refetch, a in zip(
+                static_totals, self._refetch_bytes(layout, stages), assignment, strict=True
+            )
+        ]
         totals = [st + a for st, a in zip(static_totals, activations, strict=True)]
         peak_stage = max(range(len(totals)), key=lambda i: (totals[i], -i))
         shared = self._stage_seconds_key(layout)
@@ -442,8 +515,11 @@ class Pricer:
         static = priced.static or tuple(
             self.memory.stage_static_bytes(ctx, priced.layout, s) for s in priced.stages
         )
-        for stage, parts, act in zip(priced.stages, static, priced.activations, strict=True):
-            stages.append(stage_memory(stage, {"activations": act, **parts}))
+        for stage, parts, act, assignment in zip(
+            priced.stages, static, priced.activations, priced.assignment, strict=True
+        ):
+            charged = charged_static(parts, assignment)
+            stages.append(stage_memory(stage, {"activations": act, **charged}))
         return MemoryBreakdown(
             mode="ndplan",
             stages=tuple(stages),

@@ -41,6 +41,7 @@ from .layout import (
     layers_per_chunk_text,
     selective_not_offered,
 )
+from .memory import charged_static
 from .model import MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
@@ -698,8 +699,11 @@ class SearchPricing:
             mem = tim = None
             if self.debug:
                 peak = priced.peak_stage
-                static = self.pricer.memory.stage_static_bytes(
-                    self.pricer.ctx, layout, priced.stages[peak]
+                static = charged_static(
+                    self.pricer.memory.stage_static_bytes(
+                        self.pricer.ctx, layout, priced.stages[peak]
+                    ),
+                    priced.assignment[peak],
                 )
                 mem = {
                     **static,
