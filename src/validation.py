@@ -69,6 +69,7 @@ class RowResult:
     step_from: str
     assumed: list[str] = field(default_factory=list)
     parts: dict[str, float] = field(default_factory=dict)
+    release: str = ""
 
     @property
     def error(self) -> float:
@@ -136,6 +137,7 @@ def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> Row
         step_from=case.step_from,
         assumed=assumed,
         parts=dict(priced.time.parts),
+        release=case.release,
     )
 
 
@@ -192,7 +194,9 @@ def ranking_groups(results: Sequence[RowResult]) -> list[dict]:
     """Groups of rows with the same model, hardware and device count that measured at
     least two different layouts: the Spearman correlation of predicted and measured
     throughput (tokens/s, so rows with other batches compare fairly; NaN when one side
-    ties throughout) and whether the measured best is in the predicted top 3."""
+    ties throughout), whether the measured best is in the predicted top 3, and how many
+    software releases the rows span (the same layout's throughput moves between releases,
+    which no layout model predicts)."""
     groups: dict[tuple, list[RowResult]] = defaultdict(list)
     for r in results:
         groups[(r.model, r.hardware, r.num_devices)].append(r)
@@ -212,6 +216,7 @@ def ranking_groups(results: Sequence[RowResult]) -> list[dict]:
                 "layouts": len(layouts),
                 "spearman": spearman(predicted, measured),
                 "measured_best_in_top3": best in top3,
+                "releases": len({r.release for r in rows}),
             }
         )
     return out

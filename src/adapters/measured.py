@@ -70,6 +70,8 @@ class RunCase:
     """Layout fields the source leaves unstated (``mbs``, ``vpp``); ``layout`` holds their
     defaults. Pricing tries every micro-batch size (``validation.price_case``), and the
     search quality benchmark counts any value of either as the published layout."""
+    release: str = ""
+    """The software release or date the row was measured with (``release_or_date``)."""
 
 
 @dataclass
@@ -477,6 +479,7 @@ class RunInterpreter:
             assumed=assumed,
             unstated=frozenset(unstated),
             whole_layer_every=whole_every,
+            release=row.get("release_or_date", "").strip(),
         )
 
     @staticmethod

@@ -231,6 +231,7 @@ def compare_cmd(
                     "group",
                     ("rows", "right"),
                     ("layouts", "right"),
+                    ("releases", "right"),
                     ("Spearman", "right"),
                     "measured best in top 3",
                 ],
@@ -239,6 +240,7 @@ def compare_cmd(
                         g["group"],
                         g["rows"],
                         g["layouts"],
+                        g["releases"],
                         spearman_text(g["spearman"]),
                         "yes" if g["measured_best_in_top3"] else "no",
                     )

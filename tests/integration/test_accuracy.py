@@ -160,6 +160,9 @@ def test_ranking_groups_are_computed(data: dict) -> None:
     for g in groups:
         assert g["rows"] >= 3 and g["layouts"] >= 2
         assert math.isnan(g["spearman"]) or -1 <= g["spearman"] <= 1
+        assert 1 <= g["releases"] <= g["rows"]
+    # Every row carries the release_or_date it was measured with.
+    assert all(r.release for r in clean)
     in_top3 = sum(g["measured_best_in_top3"] for g in groups) / len(groups)
     print(f"ranking: {len(groups)} groups, measured best in predicted top 3 in {in_top3:.0%}")
 

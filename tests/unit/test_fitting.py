@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -327,7 +328,9 @@ def test_shipped_calibration_is_a_point_of_its_own_space() -> None:
     assert rebuilt.model_dump(exclude={"source"}) == shipped.model_dump(exclude={"source"})
 
 
-def _row(row_id: int, layout: str, gbs: int, measured_s: float, predicted_s: float):
+def _row(
+    row_id: int, layout: str, gbs: int, measured_s: float, predicted_s: float, release: str = ""
+):
     from ndplan.validation import RowResult
 
     return RowResult(
@@ -347,6 +350,7 @@ def _row(row_id: int, layout: str, gbs: int, measured_s: float, predicted_s: flo
         predicted_peak_gib=60.0,
         measured_peak_gib=None,
         step_from="tokens",
+        release=release,
     )
 
 
@@ -364,6 +368,21 @@ def test_ranking_groups_compare_throughput_not_step_time() -> None:
     assert group["layouts"] == 3
     assert group["spearman"] == pytest.approx(0.5)
     assert group["measured_best_in_top3"]
+
+
+def test_ranking_groups_count_the_releases_their_rows_span() -> None:
+    """A group mixing software releases compares their speed-ups too: it says how many."""
+    from ndplan.validation import ranking_groups
+
+    rows = [
+        _row(1, "tp1 pp1 cp1 dp64 mbs1 z1", 128, 1.0, 1.0, "25.11"),
+        _row(2, "tp1 pp1 cp1 dp64 mbs1 z1", 128, 0.8, 1.0, "26.02"),
+        _row(3, "tp2 pp1 cp1 dp32 mbs1 z1", 128, 0.9, 1.1, "26.02"),
+    ]
+    (group,) = ranking_groups(rows)
+    assert group["releases"] == 2
+    (alone,) = ranking_groups([replace(r, release="26.02") for r in rows])
+    assert alone["releases"] == 1
 
 
 def test_ranking_groups_need_two_layouts() -> None:
