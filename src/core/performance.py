@@ -174,9 +174,20 @@ class NdplanCostModel:
     def overlap(self, ctx: PricingContext) -> Overlap:
         found = ctx.cache.get("overlap")
         if found is None:
-            found = ctx.cache["overlap"] = self._calibration(ctx).overlap_for(
-                ctx.settings.framework
-            )
+            calibration = self._calibration(ctx)
+            framework = ctx.settings.framework
+            found = ctx.cache["overlap"] = calibration.overlap_for(framework)
+            if framework not in calibration.overlap:
+                # A framework no measured run fitted (DeepSpeed, MindFormers) hides what the
+                # engineering defaults say: say how much, as for any default.
+                shares = ", ".join(f"{dim} {share:g}" for dim, share in found)
+                ctx.recorder.default(
+                    f"calibration.overlap.{framework}",
+                    "default",
+                    f"pricing: no fit for this framework; hidden shares {shares}",
+                    fix="give --calibration a file with an overlap fit for it "
+                    "(ndplan compare --fit)",
+                )
         return found
 
     def tp_overlap(self, ctx: PricingContext, layout: Layout) -> float:

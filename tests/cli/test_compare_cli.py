@@ -399,6 +399,45 @@ def test_calibration_keys_by_a_device_files_id_are_read(
     assert json.loads(fitted_out)["time"]["step_s"] > json.loads(default_out)["time"]["step_s"]
 
 
+def test_a_framework_no_fit_names_prices_with_default_overlap_and_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """DeepSpeed has no measured runs: its hidden communication shares are the engineering
+    defaults, stated on the assumptions line with their values; --strict refuses, naming
+    the fix; a calibration with a DeepSpeed overlap fit prices it and is silent."""
+    argv = ("estimate", "-m", "llama-3.1-8b", "-d", "h100", "-n", "16", "--gbs", "64")
+    argv += ("-s", "4096", "--tp", "2", "--zero", "1", "--json")
+    code, default_out, err = invoke(capsys, *argv, "--framework", "deepspeed")
+    assert code == 0, err
+    assert "calibration.overlap.deepspeed=default (pricing: no fit for this framework;" in err
+    assert "hidden shares tp 0, cp 1, ep 0, pp 0.8, dp 0.9, fsdp 0.8)" in err
+    code, _, err = invoke(capsys, *argv, "--framework", "megatron")
+    assert code == 0 and "calibration.overlap" not in err  # fitted on its measured runs
+    hidden = _shipped_with(lambda d: d["overlap"].update({"deepspeed": {"dp": 0.0}}))
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(hidden), encoding="utf-8")
+    code, fitted_out, err = invoke(
+        capsys, *argv, "--framework", "deepspeed", "--calibration", str(cal)
+    )
+    assert code == 0, err
+    assert "calibration.overlap" not in err
+    # No gradient reduction hidden: the step is longer by exactly what was hidden before.
+    fitted, default = json.loads(fitted_out)["time"], json.loads(default_out)["time"]
+    assert fitted["parts"]["dp_comm"] > default["parts"]["dp_comm"]
+    assert fitted["step_s"] > default["step_s"]
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "framework: deepspeed\nprecision: bf16\noptimizer: adam\nattention_kernel: flash\n"
+        "dropout: 0.0\nfinetune: full\nactivation_offload: false\nfused_loss: false\n"
+        "grad_reduce_dtype: fp32\ntp_comm_overlap: false\n",
+        encoding="utf-8",
+    )
+    code, _, err = invoke(capsys, *argv, "--strict", "--job", str(job))
+    assert code == ExitCode.INVALID_INPUT
+    line = one_error_line(err)
+    assert "calibration.overlap.deepspeed" in line and "overlap fit for it" in line
+
+
 def test_calibration_file_that_is_not_json_or_absent(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
