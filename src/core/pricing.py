@@ -29,7 +29,10 @@ from .recompute import (
 Assignment = tuple[tuple[int, int, int, Recompute], ...]
 """Per stage: (kind index, in-flight, layer count, recompute) groups."""
 
-NONE_OR_OFFLOAD = (option_name(frozenset()), option_name(OFFLOADED))
+KEPT = option_name(frozenset())
+"""The option that keeps every activation: nothing re-run or fetched back."""
+
+NONE_OR_OFFLOAD = (KEPT, option_name(OFFLOADED))
 """The options of the ``none`` policy where activation offload is offered."""
 
 _UNSOLVED = object()
@@ -273,14 +276,15 @@ class Pricer:
             key = ("stage_choice", degrees, stage.groups, budget, refetch, only)
             assignment = cache.get(key, _UNSOLVED)
             if assignment is _UNSOLVED:
-                choice = self.solver.choose(self.stage_groups(layout, stage, only), budget)
+                groups = self.stage_groups(layout, stage, only)
+                choice = self.solver.choose(groups, budget)
                 assignment = None
                 if choice is not None:
                     assignment = self.choice_to_assignment(layout, stage, choice)
                 if (
                     refetch
                     and (assignment is None or not keeps_all(assignment))
-                    and self._keeping_all_wins(layout, stage, choice, budget, refetch)
+                    and self._keeping_all_wins(layout, stage, groups, choice, budget, refetch)
                 ):
                     assignment = tuple(
                         (kind, k, count, frozenset()) for kind, count, k in stage.groups
@@ -295,6 +299,7 @@ class Pricer:
         self,
         layout: Layout,
         stage: StagePlacement,
+        groups: list[LayerGroup],
         choice: StageChoice | None,
         budget: int,
         refetch: int,
@@ -305,8 +310,10 @@ class Pricer:
         kinds = self.ctx.model.kinds
         memory = 0
         seconds = 0.0
-        for kind_index, count, k in stage.groups:
-            kept = next(
+        for (kind_index, count, k), group in zip(stage.groups, groups, strict=True):
+            # On the front unless an option as fast and as light beats it (then it is
+            # read from the kind's options).
+            kept = next((o for o in group.options if o.name == KEPT), None) or next(
                 opt
                 for opt, rec in kind_options(
                     self.ctx, layout, kinds[kind_index], self.memory, self.cost
@@ -314,9 +321,9 @@ class Pricer:
                 if rec == frozenset()
             )
             memory += count * kept.memory(k)
+            if memory > budget + refetch:
+                return False
             seconds += count * kept.time
-        if memory > budget + refetch:
-            return False
         if choice is None:
             return True
         tolerance = 1e-12 * choice.time_s
