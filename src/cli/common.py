@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.errors import InvalidInputError
+from ndplan.core.errors import InvalidInputError, did_you_mean
 from ndplan.core.job import Job
 from ndplan.core.units import GiB
 from ndplan.planner import Planner, PricingOptions
@@ -198,9 +198,13 @@ def load_job_file(path: Path) -> dict[str, Any]:
         raise InvalidInputError(f"{path}: expected a mapping of job field → value")
     for key in data:
         if key not in FILE_JOB_FIELDS:
-            hint = " (use --gbs / --seq-len)" if key in Job.model_fields else ""
+            hint = (
+                " (use --gbs / --seq-len)"
+                if key in Job.model_fields
+                else did_you_mean(key, FILE_JOB_FIELDS)
+            )
             raise InvalidInputError(
-                f"{path}: unknown key '{key}'{hint}; known: {', '.join(FILE_JOB_FIELDS)}"
+                f"{path}: unknown key '{key}'{hint} (known: {', '.join(FILE_JOB_FIELDS)})"
             )
     return data
 

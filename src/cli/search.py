@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ndplan.core.errors import InfeasibleError, InvalidInputError
+from ndplan.core.errors import InfeasibleError, InvalidInputError, did_you_mean
 from ndplan.core.frameworks import FrameworkTraits
 from ndplan.core.layout import DIMENSIONS, SearchSpace
 from ndplan.core.model import MoEFFN
@@ -140,7 +140,8 @@ def space_values(data: Any, where: str) -> dict[str, Any]:
         field = {"max_mem_gib": "max_mem", "reserve_gib": "reserve"}.get(field, field)
         if field not in SPACE_KEYS:
             raise InvalidInputError(
-                f"{where}: unknown key '{key}'; known: {', '.join(sorted(SPACE_KEYS))}"
+                f"{where}: unknown key '{key}'{did_you_mean(key, SPACE_KEYS)} "
+                f"(known: {', '.join(sorted(SPACE_KEYS))})"
             )
         _check_space_value(field, value, f"{where}: {key}")
         out[field] = value

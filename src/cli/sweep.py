@@ -20,7 +20,7 @@ import typer
 from rich.text import Text
 
 from ndplan.core.assumptions import AssumptionRecorder
-from ndplan.core.errors import ExitCode, InvalidInputError
+from ndplan.core.errors import ExitCode, InvalidInputError, did_you_mean
 from ndplan.core.frameworks import traits_for
 from ndplan.core.model import MoEFFN
 from ndplan.core.units import GiB
@@ -66,7 +66,10 @@ def load_sweep_file(path: Path) -> dict[str, Any]:
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name not in FILE_KEYS:
-            raise InvalidInputError(f"{path}: unknown key '{key}'; known: {', '.join(FILE_KEYS)}")
+            raise InvalidInputError(
+                f"{path}: unknown key '{key}'{did_you_mean(name, FILE_KEYS)} "
+                f"(known: {', '.join(FILE_KEYS)})"
+            )
         out[name] = value
     scenarios = out.get("scenarios")
     if scenarios is not None:
@@ -76,7 +79,9 @@ def load_sweep_file(path: Path) -> dict[str, Any]:
             for key in entry:
                 if str(key).replace("-", "_") not in GRID_KEYS:
                     raise InvalidInputError(
-                        f"{path}: scenarios[{i}]: unknown key '{key}'; known: {', '.join(GRID_KEYS)}"
+                        f"{path}: scenarios[{i}]: unknown key '{key}'"
+                        f"{did_you_mean(str(key).replace('-', '_'), GRID_KEYS)} "
+                        f"(known: {', '.join(GRID_KEYS)})"
                     )
     return out
 

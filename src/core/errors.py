@@ -6,6 +6,8 @@ for inputs that cannot be planned at all and for broken plugins.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from enum import IntEnum
 
 
@@ -56,3 +58,11 @@ class InternalError(NdplanError):
     """A bug in ndplan itself."""
 
     exit_code = ExitCode.INTERNAL_ERROR
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``"; did you mean a, b?"`` with up to three of ``known`` close to ``name`` (case
+    aside), or ``""`` when none is: the hint of an unknown-name error."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ndplan.core.errors import InvalidInputError, PluginError
+from ndplan.core.errors import InvalidInputError, PluginError, did_you_mean
 
 from .manager import BUILTIN_NAME
 
@@ -96,9 +95,9 @@ class Registry(Generic[T]):
         if key is not None:
             return key
         known = sorted(self._entries)
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise InvalidInputError(f"unknown {self.kind} '{name}'{hint} (known: {', '.join(known)})")
+        raise InvalidInputError(
+            f"unknown {self.kind} '{name}'{did_you_mean(name, known)} (known: {', '.join(known)})"
+        )
 
     def get(self, name: str) -> T:
         return self._entries[self.resolve(name)].value

@@ -330,7 +330,10 @@ def test_flags_override_the_job_file(capsys: pytest.CaptureFixture[str], tmp_pat
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("optimiser: adam\n", "unknown key 'optimiser'; known: precision, optimizer,"),
+        (
+            "optimiser: adam\n",
+            "unknown key 'optimiser'; did you mean optimizer? (known: precision, optimizer,",
+        ),
         ("seq_length: 8192\n", "unknown key 'seq_length' (use --gbs / --seq-len)"),
         ("optimizer: lion\n", "optimizer: Input should be 'adam', 'sgd' or 'muon' (got 'lion')"),
         ("- adam\n", "expected a mapping of job field → value"),

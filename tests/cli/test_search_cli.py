@@ -322,7 +322,12 @@ def test_a_space_file_fixes_lists_and_frees_dimensions(capsys, tmp_path: Path) -
 
 @pytest.mark.parametrize(
     ("text", "says"),
-    [("tp: [1, 2\n", "not valid YAML"), ("tensor: 2\n", "unknown key"), ("- 1\n", "mapping")],
+    [
+        ("tp: [1, 2\n", "not valid YAML"),
+        ("tensor: 2\n", "unknown key"),
+        ("zro: 1\n", "unknown key 'zro'; did you mean zero? (known: allow_tp_beyond"),
+        ("- 1\n", "mapping"),
+    ],
 )
 def test_a_bad_space_file_is_invalid_input(capsys, tmp_path: Path, text, says) -> None:
     space = tmp_path / "space.yaml"

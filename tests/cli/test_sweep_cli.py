@@ -141,6 +141,9 @@ def test_unknown_key_in_the_file(capsys, tmp_path: Path) -> None:
     path.write_text("models: [llama-3-8b]\n", encoding="utf-8")
     assert run(["sweep", str(path)]) == 3
     assert "unknown key 'models'" in capsys.readouterr().err
+    path.write_text("scenarios:\n  - {model: llama-3-8b, devise: h100}\n", encoding="utf-8")
+    assert run(["sweep", str(path)]) == 3
+    assert "scenarios[0]: unknown key 'devise'; did you mean device" in capsys.readouterr().err
 
 
 def test_a_plugin_error_aborts_the_sweep_naming_the_scenario(

@@ -8,7 +8,6 @@ name is an invalid-input error with close-match suggestions.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from ndplan.core.assumptions import AssumptionRecorder
-from ndplan.core.errors import InvalidInputError, NdplanError, PluginError
+from ndplan.core.errors import InvalidInputError, NdplanError, PluginError, did_you_mean
 from ndplan.core.model import ModelSpec
 
 from .hf import read_hf_config
@@ -158,10 +157,7 @@ def _looks_like_path(name: str) -> bool:
 
 def _unknown_preset_message(name: str, known: list[str]) -> str:
     """One line: the name, up to three close matches (case-insensitive), where to look."""
-    by_lower = {k.lower(): k for k in known}
-    close = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
     return (
-        f"unknown model preset '{name}'{hint} ('ndplan models' lists the {len(known)} presets; "
+        f"unknown model preset '{name}'{did_you_mean(name, known)} ('ndplan models' lists the {len(known)} presets; "
         "or give a config.json path or a model directory)"
     )
