@@ -9,7 +9,7 @@ from rich.console import Group
 from rich.text import Text
 
 from ndplan.core.context import PricingContext
-from ndplan.core.plan import Plan, RecomputeRange
+from ndplan.core.plan import Plan, RecomputeRange, SearchResult
 
 from .output import table
 
@@ -227,4 +227,18 @@ def near_tie_note(plans: Sequence[Plan], median_error: float | None, top: int) -
         f"{who} within {100 * spread:.1f} % of the best step time, less than the "
         f"calibration's median error on the runs it was fitted to ({100 * median_error:.1f} %): "
         f"their order is uncertain{more}; weigh memory headroom and simplicity too"
+    )
+
+
+def never_tried_warning(result: SearchResult, devices: int, gbs: int) -> str | None:
+    """A warning naming the listed values no layout could take (``--space tp: [1, 3]`` on
+    8 devices): the search ran without them, which the user may not have meant."""
+    missing = result.summary.never_tried
+    if not missing:
+        return None
+    listed = "; ".join(f"{name} {', '.join(map(str, values))}" for name, values in missing.items())
+    return (
+        f"warning: never tried, as no layout of {devices} devices and global batch {gbs} "
+        f"can take them: {listed} (tp·pp·cp·dp make the device count, dp·mbs divides the "
+        "batch, pp·vpp chunks split the layers)"
     )

@@ -65,6 +65,7 @@ from .output import (
 from .render import (
     header,
     near_tie_note,
+    never_tried_warning,
     plan_report,
     unfilled_pipeline_warning,
 )
@@ -725,9 +726,12 @@ def search_cmd(
             title = "best plan:" if explain == 1 else f"plan {explain}:"
             stdout.print(Text(title, style="bold"))
             stdout.print(plan_report(pctx, chosen))
-        warning = unfilled_pipeline_warning(result.plans)
-        if warning:
-            note(warning, warning=True)
+        for warning in (
+            never_tried_warning(result, pctx.cluster.num_devices, pctx.job.global_batch_size),
+            unfilled_pipeline_warning(result.plans),
+        ):
+            if warning:
+                note(warning, warning=True)
         line = pctx.recorder.line()
         if line:
             note(line)

@@ -111,6 +111,9 @@ class SearchSummary(Frozen):
     bounded: int
     """Skipped: their lower bound could not enter the top K."""
     priced: int
+    never_tried: dict[str, tuple[int, ...]] = Field(default_factory=dict)
+    """Listed values no layout of the problem can take (e.g. tp 3 on 8 devices), by
+    dimension: never generated, so neither refused nor priced."""
     seconds: PhaseTimes = Field(default_factory=PhaseTimes)
     rebalanced: int | None = None
     """With re-balancing asked for: how many of the top plans the pipeline balancer

@@ -191,6 +191,22 @@ class Enumeration:
     reached: dict[str, set] = field(default_factory=lambda: defaultdict(set))
     """Micro-batch sizes, VPP depths and schedules some layout could take (whatever a rule
     then said): a fixed value never reached is one no layout of the problem can have."""
+    admitted: dict[str, set] = field(default_factory=lambda: defaultdict(set))
+    """TP, PP, CP and DP degrees the device count admits beside the listed others (whatever
+    a rule then said)."""
+
+    def never_tried(self, space: SearchSpace) -> dict[str, tuple]:
+        """Per dimension, the listed values no layout of the problem can take (tp 3 on 8
+        devices, a micro-batch size that divides no replica's batch): never generated,
+        so neither refused nor priced."""
+        out = {}
+        for name in ("tp", "pp", "cp", "dp", "vpp", "mbs"):
+            values = getattr(space, name)
+            seen = self.admitted[name] if name in ("tp", "pp", "cp", "dp") else self.reached[name]
+            missing = tuple(sorted(set(values or ()) - seen))
+            if missing:
+                out[name] = missing
+        return out
 
 
 @dataclass(frozen=True)
@@ -280,6 +296,7 @@ def enumerate_candidates(
             f"(offers {', '.join(fw.schedules)})"
         )
     for tp in divisors(n):
+        out.admitted["tp"].add(tp)
         if not _allowed(space.tp, tp):
             continue
         if tp > max_tp:
@@ -293,12 +310,14 @@ def enumerate_candidates(
             refuse("tp_not_dividing_ffn", tp=tp)
             continue
         for pp in divisors(n // tp):
+            out.admitted["pp"].add(pp)
             if not _allowed(space.pp, pp):
                 continue
             if pp > num_layers:
                 refuse("pp_exceeds_layers", tp=tp, pp=pp)
                 continue
             for cp in divisors(n // (tp * pp)):
+                out.admitted["cp"].add(cp)
                 if not _allowed(space.cp, cp):
                     continue
                 if seq % (2 * cp) and cp > 1:
@@ -310,6 +329,7 @@ def enumerate_candidates(
                     refuse("cp_all_to_all_exceeds_heads", tp=tp, pp=pp, cp=cp)
                     continue
                 dp = n // (tp * pp * cp)
+                out.admitted["dp"].add(dp)
                 if not _allowed(space.dp, dp):
                     continue
                 out.batch_dps.add(dp)
@@ -976,6 +996,7 @@ def search(
         over_memory=over_memory,
         bounded=bounded,
         priced=priced_count,
+        never_tried=enum.never_tried(settings.space),
         seconds=PhaseTimes(
             enumerate=t_enum - t0,
             bound=t_screen - t_enum + t_floor,

@@ -99,7 +99,15 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 def test_json_is_a_summary_and_plans_shaped_like_estimate_plus_a_rank(capsys) -> None:
     data = search_json(capsys, *TIGHT, "--top", "4")
     s = data["summary"]
-    assert set(s) == {"generated", "refused", "over_memory", "bounded", "priced", "seconds"}
+    assert set(s) == {
+        "generated",
+        "refused",
+        "over_memory",
+        "bounded",
+        "priced",
+        "never_tried",
+        "seconds",
+    }
     assert set(s["seconds"]) == {"enumerate", "memory", "bound", "price", "total"}
     assert all(isinstance(v, int) and v > 0 for v in s["refused"].values())
     assert (
@@ -318,6 +326,21 @@ def test_a_space_file_fixes_lists_and_frees_dimensions(capsys, tmp_path: Path) -
     # a flag still fixes what the file lists
     _, rows = ranking(capsys, tmp_path, *SMALL, "--space", str(space), "--tp", "2")
     assert {r["tp"] for r in rows} == {"2"}
+
+
+def test_listed_values_no_layout_can_take_are_named(capsys, tmp_path: Path) -> None:
+    """tp 3 on 8 devices and mbs 3 of a batch of 16 are never generated: the search runs
+    on the rest and says which it never tried, in the summary and on stderr."""
+    space = tmp_path / "space.yaml"
+    space.write_text("tp: [1, 3]\nmbs: [1, 3]\n", encoding="utf-8")
+    code, out, err = invoke(capsys, "search", *SMALL, "--space", str(space), "--json")
+    assert code == 0, err
+    assert json.loads(out)["summary"]["never_tried"] == {"tp": [3], "mbs": [3]}
+    said = "warning: never tried, as no layout of 8 devices and global batch 16 can take them"
+    assert f"{said}: tp 3; mbs 3" in err
+    code, out, err = invoke(capsys, "search", *SMALL, "--json")  # nothing listed: nothing named
+    assert code == 0 and json.loads(out)["summary"]["never_tried"] == {}
+    assert "never tried" not in err
 
 
 @pytest.mark.parametrize(
