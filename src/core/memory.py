@@ -510,26 +510,6 @@ class NdplanMemoryModel:
             with_refetch = max(with_refetch, grads + (plain if refetch else 0.0))
         return gradients, with_refetch - gradients
 
-    # ------------------------------------------------------------------ breakdown
-
-    def breakdown(
-        self,
-        ctx: PricingContext,
-        layout: Layout,
-        stage_choices: list[list[tuple[int, int, int, Recompute]]],
-    ) -> MemoryBreakdown:
-        """Full per-stage breakdown for a layout, given per stage a list of
-        (kind index, in-flight, layer count, recompute) for its layers."""
-        stages = []
-        for stage, choices in zip(ctx.placement(layout), stage_choices, strict=True):
-            parts = charged_static(self.stage_static_bytes(ctx, layout, stage), choices)
-            act = 0
-            for kind_index, in_flight, count, recompute in choices:
-                kind = ctx.model.kinds[kind_index]
-                act += count * in_flight * self.layer_activation_bytes(ctx, layout, kind, recompute)
-            stages.append(stage_memory(stage, {"activations": act, **parts}))
-        return _finish(ctx, "ndplan", stages)
-
 
 def keeps_all(assignment: Sequence[tuple[int, int, int, Recompute]]) -> bool:
     """Whether every layer of a stage keeps its activations: nothing is re-run or fetched

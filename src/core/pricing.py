@@ -516,17 +516,24 @@ class Pricer:
 
     # ------------------------------------------------------------------ results
 
+    def charged_static_parts(self, priced: PricedLayout, index: int) -> dict[str, int]:
+        """Stage ``index``'s static memory by part, as its recompute choice is charged."""
+        parts = (
+            priced.static[index]
+            if priced.static
+            else self.memory.stage_static_bytes(self.ctx, priced.layout, priced.stages[index])
+        )
+        return charged_static(parts, priced.assignment[index])
+
     def memory_breakdown(self, priced: PricedLayout) -> MemoryBreakdown:
         ctx = self.ctx
-        stages = []
-        static = priced.static or tuple(
-            self.memory.stage_static_bytes(ctx, priced.layout, s) for s in priced.stages
-        )
-        for stage, parts, act, assignment in zip(
-            priced.stages, static, priced.activations, priced.assignment, strict=True
-        ):
-            charged = charged_static(parts, assignment)
-            stages.append(stage_memory(stage, {"activations": act, **charged}))
+        stages = [
+            stage_memory(
+                stage,
+                {"activations": priced.activations[i], **self.charged_static_parts(priced, i)},
+            )
+            for i, stage in enumerate(priced.stages)
+        ]
         return MemoryBreakdown(
             mode="ndplan",
             stages=tuple(stages),

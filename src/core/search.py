@@ -41,7 +41,6 @@ from .layout import (
     layers_per_chunk_text,
     selective_not_offered,
 )
-from .memory import charged_static
 from .model import MoEFFN
 from .plan import PhaseTimes, Plan, SearchResult, SearchSummary
 from .ports import Executor, RefusalRule
@@ -719,14 +718,8 @@ class SearchPricing:
             mem = tim = None
             if self.debug:
                 peak = priced.peak_stage
-                static = charged_static(
-                    self.pricer.memory.stage_static_bytes(
-                        self.pricer.ctx, layout, priced.stages[peak]
-                    ),
-                    priced.assignment[peak],
-                )
                 mem = {
-                    **static,
+                    **self.pricer.charged_static_parts(priced, peak),
                     "activations": priced.activations[peak],
                     "stage": peak,
                     "total": priced.peak_bytes,
