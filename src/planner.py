@@ -178,6 +178,7 @@ class Planner:
         space: SearchSpace,
         *,
         top_k: int = 10,
+        distinct: bool = False,
         options: PricingOptions | None = None,
         executor: Executor | None = None,
         sinks: Sequence[DebugSink] = (),
@@ -185,7 +186,8 @@ class Planner:
         collect_parts: bool = False,
         progress: Callable[[str, int, int], None] | None = None,
     ) -> SearchOutcome:
-        """Every layout in ``space``, priced and ranked (the top ``top_k`` as Plans)."""
+        """Every layout in ``space``, priced and ranked (the top ``top_k`` as Plans;
+        ``distinct``: the fastest layout of each of the ``top_k`` best shapes)."""
         opts = options or PricingOptions()
         if top_k < 1:
             raise InvalidInputError(f"--top: must be at least 1, got {top_k}")
@@ -239,7 +241,7 @@ class Planner:
                 token=uuid.uuid4().hex,
             )
             task = run_task
-        settings = SearchSettings(space=space, top_k=top_k, bounding=bounding)
+        settings = SearchSettings(space=space, top_k=top_k, bounding=bounding, distinct=distinct)
         return run_search(
             ctx,
             pricing,

@@ -207,12 +207,16 @@ def unfilled_pipeline_warning(plans: Sequence[Plan]) -> str | None:
     )
 
 
-def near_tie_note(plans: Sequence[Plan], median_error: float | None, top: int) -> str | None:
+def near_tie_note(
+    plans: Sequence[Plan], median_error: float | None, top: int, distinct: bool = False
+) -> str | None:
     """A note when the leading ranks differ by less than the calibration's median error
     on the measured runs it was fitted to: their order is then within what the model
     can tell apart, so a user should weigh memory headroom and simplicity too. None
     when the calibration states no error (e.g. hand-written) or only rank 1 is that
-    close. ``plans`` are ranked (step times ascend), at most ``top`` of them."""
+    close. ``plans`` are ranked (step times ascend), at most ``top`` of them; when
+    they are variants of fewer shapes and not ``distinct``, the note points to
+    ``--distinct``, which lists the alternatives a user weighs."""
     if not median_error or median_error <= 0 or len(plans) < 2:
         return None
     best = plans[0].time.step_s
@@ -223,10 +227,16 @@ def near_tie_note(plans: Sequence[Plan], median_error: float | None, top: int) -
     beyond = len(close) == len(plans) == top  # the band may go on past the kept plans
     who = f"all {len(close)} listed plans are" if beyond else f"ranks 1-{len(close)} are"
     more = f", and more may lie beyond -t {top}" if beyond else ""
+    shapes = len({p.layout.shape for p in close})
+    hint = (
+        f" ({shapes} shapes among them: --distinct lists one plan per shape)"
+        if not distinct and shapes < len(close)
+        else ""
+    )
     return (
         f"{who} within {100 * spread:.1f} % of the best step time, less than the "
         f"calibration's median error on the runs it was fitted to ({100 * median_error:.1f} %): "
-        f"their order is uncertain{more}; weigh memory headroom and simplicity too"
+        f"their order is uncertain{more}; weigh memory headroom and simplicity too{hint}"
     )
 
 

@@ -309,7 +309,7 @@ def pipeline_cell(pp: int, vpp: int, schedule: str, uneven: bool) -> str:
     )
 
 
-def ranking_table(plans: tuple[Plan, ...]):
+def ranking_table(plans: tuple[Plan, ...], title: str = "best layouts"):
     rows = []
     for p in plans:
         lay = p.layout
@@ -335,7 +335,7 @@ def ranking_table(plans: tuple[Plan, ...]):
             )
         )
     out = table(
-        "best layouts",
+        title,
         [
             ("#", "right"),
             ("tp", "right"),
@@ -529,6 +529,15 @@ def search_cmd(
     reserve: ReserveOpt = None,
     runtime_reserve: RuntimeReserveOpt = None,
     top: Annotated[int, typer.Option("--top", "-t", min=1, help="How many plans to list.")] = 10,
+    distinct: Annotated[
+        bool,
+        typer.Option(
+            "--distinct",
+            help="List one plan per shape (tp·pp·cp·dp·ep·etp): the fastest of each, so "
+            "-t 10 shows ten device grids rather than VPP, micro-batch, ZeRO and "
+            "recompute variants of a few; --ranking-csv keeps every plan.",
+        ),
+    ] = False,
     explain: Annotated[
         int,
         typer.Option(
@@ -685,6 +694,7 @@ def search_cmd(
                 pctx,
                 space,
                 top_k=top,
+                distinct=distinct,
                 options=options,
                 executor=pool,
                 sinks=sinks,
@@ -717,9 +727,10 @@ def search_cmd(
             print_json(result_json(result))
         else:
             stdout.print(Text(header(pctx), style="bold"))
-            stdout.print(ranking_table(result.plans))
+            title = "best layouts, one per shape" if distinct else "best layouts"
+            stdout.print(ranking_table(result.plans, title))
             stdout.print(Text(summary_line(result)))
-            tie = near_tie_note(result.plans, pctx.calibration.median_error, top)
+            tie = near_tie_note(result.plans, pctx.calibration.median_error, top, distinct)
             if tie:
                 stdout.print(Text(tie))
             chosen = result.plans[explain - 1]
@@ -758,8 +769,9 @@ def _check_debug_dir(directory: Path, sinks: list, force: bool) -> None:
 
 def result_json(result: SearchResult) -> dict:
     data = result.model_dump(mode="json")
-    if data["summary"]["rebalanced"] is None:  # not asked for: the summary as ever
-        del data["summary"]["rebalanced"]
+    for key in ("distinct", "rebalanced"):
+        if data["summary"][key] is None:  # not asked for: the summary as ever
+            del data["summary"][key]
     return {"summary": data["summary"], "assumptions": data["assumptions"], "plans": data["plans"]}
 
 

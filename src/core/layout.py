@@ -105,6 +105,12 @@ class Layout(Frozen):
         return layout_label(self.model_dump())
 
     @property
+    def shape(self) -> tuple[int, int, int, int, int, int]:
+        """The device grid (tp, pp, cp, dp, ep, expert tp); layouts of one shape differ
+        only in VPP, micro-batch, ZeRO, offload, recompute or layer split."""
+        return (self.tp, self.pp, self.cp, self.dp, self.ep, self.expert_tp)
+
+    @property
     def expert_data_parallel(self) -> int:
         """Replicas of each expert: the DP×CP×TP devices of a stage over EP×ETP."""
         return max(1, self.dp * self.cp * self.tp // (self.ep * self.expert_tp))

@@ -115,6 +115,9 @@ class SearchSummary(Frozen):
     """Listed values no layout of the problem can take (e.g. tp 3 on 8 devices), by
     dimension: never generated, so neither refused nor priced."""
     seconds: PhaseTimes = Field(default_factory=PhaseTimes)
+    distinct: bool | None = None
+    """True when asked to list one layout per shape (tp·pp·cp·dp·ep·etp): each plan is
+    the fastest of its shape, so rank K is the K-th best shape; None otherwise."""
     rebalanced: int | None = None
     """With re-balancing asked for: how many of the top plans the pipeline balancer
     made faster (their layers moved between stages) before they were re-ranked."""

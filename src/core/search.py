@@ -120,6 +120,11 @@ def split_counts(splits: LayerSplits, c: Candidate) -> tuple[int, ...] | None:
     return splits.balanced(tp, cp, ep, etp, mbs, pp, m, vpp, SCHEDULES[sched], RECOMPUTES[rec])
 
 
+def shape_of(c: Candidate) -> tuple[int, int, int, int, int, int]:
+    """A candidate's device grid: tp, pp, cp, dp, ep, etp."""
+    return c[:6]
+
+
 def candidate_dict(c: Candidate) -> dict[str, Any]:
     d = dict(zip(FIELDS, c, strict=True))
     d["sp"] = bool(d["sp"])
@@ -215,6 +220,10 @@ class SearchSettings:
     space: SearchSpace
     top_k: int = 10
     bounding: bool = True
+    distinct: bool = False
+    """Keep only the fastest layout of each shape (``shape_of``) in the top K: the
+    layouts of one shape differ only in VPP, micro-batch, ZeRO, offload, recompute or
+    layer split, and can fill a top K that a user reads for alternatives."""
 
 
 def _allowed(values: tuple | None, value) -> bool:
@@ -897,6 +906,7 @@ def search(
     floors: list[tuple[float, tuple[int, ...], int]] = []  # quick bound + fixed step seconds
     heap: list[tuple[float, tuple[int, ...], int]] = []  # the exact bound, once screened
     results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
+    shape_best: dict[tuple[int, ...], float] = {}  # with settings.distinct
     kth = math.inf
     over_memory = 0
     closest: tuple[int, int, Candidate] | None = None
@@ -958,11 +968,19 @@ def search(
         for (_, key, i), p in zip(batch_entries, priced, strict=True):
             if hooks.priced is not None and p.memory_parts is not None:
                 hooks.priced(candidate_dict(candidates[i]), p.memory_parts, p.time_parts)
-            if p.fits:
-                results.append((p.step_s, p.peak_bytes, key, i, p))
-            else:
+            if not p.fits:
                 over_memory += 1
-        if len(results) >= k:
+                continue
+            results.append((p.step_s, p.peak_bytes, key, i, p))
+            if settings.distinct:
+                shape = shape_of(candidates[i])
+                shape_best[shape] = min(shape_best.get(shape, math.inf), p.step_s)
+        if settings.distinct:
+            # The K-th best shape: a candidate bounded above it can neither enter the top
+            # K shapes nor beat its own shape's best, which is at most that.
+            if len(shape_best) >= k:
+                kth = heapq.nsmallest(k, shape_best.values())[-1]
+        elif len(results) >= k:
             results.sort()
             kth = results[k - 1][0]
         if hooks.progress is not None:
@@ -979,7 +997,8 @@ def search(
         raise InfeasibleError(_closest_message(ctx, closest))
     plans: list[Plan] = []
     pricer = pricing.pricer
-    for rank, (_, _, _, i, _) in enumerate(results[:k], start=1):
+    listed = _first_of_each_shape(results, candidates, k) if settings.distinct else results[:k]
+    for rank, (_, _, _, i, _) in enumerate(listed, start=1):
         priced = pricer.price(candidate_layout(candidates[i], ctx.layer_splits))
         plans.append(pricer.plan(priced, rank=rank))
     t_end = time.perf_counter()
@@ -990,6 +1009,7 @@ def search(
         bounded=bounded,
         priced=priced_count,
         never_tried=enum.never_tried(settings.space),
+        distinct=True if settings.distinct else None,
         seconds=PhaseTimes(
             enumerate=t_enum - t0,
             bound=t_screen - t_enum + t_floor,
@@ -1009,6 +1029,20 @@ def search(
         assumptions=tuple(a.describe() for a in ctx.recorder.items),
     )
     return SearchOutcome(result=result, ranking=ranking, layers_per_chunk=layers_per_chunk)
+
+
+def _first_of_each_shape(results: list, candidates: Sequence[Candidate], k: int) -> list:
+    """The first ``k`` ranked results of distinct shapes (``results`` sorted)."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for entry in results:
+        shape = shape_of(candidates[entry[3]])
+        if shape not in seen:
+            seen.add(shape)
+            out.append(entry)
+            if len(out) == k:
+                break
+    return out
 
 
 @dataclass(frozen=True)

@@ -772,8 +772,13 @@ def test_expert_degrees_for_a_dense_model_are_invalid_input(
     assert code == 3 and out == "" and "the model has no experts" in one_error_line(err)
 
 
-def _ranked(*steps: float) -> list:
-    return [SimpleNamespace(time=SimpleNamespace(step_s=s)) for s in steps]
+def _ranked(*steps: float, shapes: tuple | None = None) -> list:
+    """Plans with these step times, each of its own device grid unless ``shapes`` says."""
+    shapes = shapes or tuple(range(len(steps)))
+    return [
+        SimpleNamespace(time=SimpleNamespace(step_s=s), layout=SimpleNamespace(shape=g))
+        for s, g in zip(steps, shapes, strict=True)
+    ]
 
 
 def test_the_near_tie_note_counts_the_ranks_inside_the_median_error() -> None:
@@ -795,6 +800,48 @@ def test_the_near_tie_note_counts_the_ranks_inside_the_median_error() -> None:
     assert near_tie_note(_ranked(100, 105, 105.5), 0.04, top=3) is None
     assert near_tie_note(_ranked(100), 0.04, top=1) is None
     assert near_tie_note(_ranked(100, 100.5), None, top=2) is None
+
+
+def test_the_near_tie_note_points_to_one_plan_per_shape_when_variants_fill_the_band() -> None:
+    variants = _ranked(100, 101, 102, 110, shapes=("a", "a", "b", "c"))
+    assert near_tie_note(variants, 0.04, top=4).endswith(
+        "weigh memory headroom and simplicity too "
+        "(2 shapes among them: --distinct lists one plan per shape)"
+    )
+    assert "--distinct" not in near_tie_note(variants, 0.04, top=4, distinct=True)
+    assert "--distinct" not in near_tie_note(_ranked(100, 101, 102), 0.04, top=3)
+
+
+def test_distinct_lists_the_fastest_plan_of_each_shape(capsys, tmp_path: Path) -> None:
+    """--distinct: ranks 1..K are K different device grids, each the fastest layout of its
+    grid in the full ranking (--ranking-csv keeps every plan), in step-time order."""
+    csv_path = tmp_path / "ranking.csv"
+    data = search_json(capsys, *TIGHT, "--top", "5", "--distinct", "--ranking-csv", str(csv_path))
+    assert data["summary"]["distinct"] is True
+    plans = data["plans"]
+    grid = ("tp", "pp", "cp", "dp", "ep", "etp")
+    shapes = [tuple(p["layout"][d] or p["layout"]["tp"] for d in grid) for p in plans]
+    assert len(plans) == 5 and len(set(shapes)) == 5
+    assert [p["rank"] for p in plans] == [1, 2, 3, 4, 5]
+    steps = [p["time"]["step_s"] for p in plans]
+    assert steps == sorted(steps)
+    rows = read_csv(csv_path)
+    fastest: dict[tuple, float] = {}
+    for row in rows:  # rank order: the first row of a grid is its fastest
+        key = tuple(int(row[d]) for d in grid)
+        fastest.setdefault(key, float(row["step_s"]))
+    assert len(rows) > len(fastest)  # the case has several layouts of one grid
+    assert steps == sorted(fastest.values())[:5]
+    assert [fastest[s] for s in shapes] == steps
+    # Without the flag the summary is as ever, and the list holds variants of fewer grids.
+    plain = search_json(capsys, *TIGHT, "--top", "5")
+    assert "distinct" not in plain["summary"]
+    assert (
+        len({tuple(p["layout"][d] or p["layout"]["tp"] for d in grid) for p in plain["plans"]}) < 5
+    )
+    code, out, err = invoke(capsys, "search", *TIGHT, "--top", "5", "--distinct")
+    assert code == 0, err
+    assert "best layouts, one per shape" in out
 
 
 def test_the_near_tie_note_uses_the_calibrations_fitted_error(capsys, tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ same inputs give the same bytes in two processes.
   dense model, two MoEs, and an MLA model, at 8–64 devices, with RECOMPUTE searched
   and with fixed policies; and switching reuse off changes no priced candidate at all
   (a memo key that leaves out an input shows up as a different step or peak).
+- With ``distinct`` (one plan per shape), bounding on the K-th best shape lists the
+  fastest layout of each of the exhaustive ranking's K best shapes.
 - ``ndplan search --json`` (apart from ``summary.seconds``) and ``--ranking-csv`` are
   byte-identical across two processes with different hash seeds."""
 
@@ -37,7 +39,20 @@ def planner() -> Planner:
         return Planner(bootstrap(entry_points=False))
 
 
-def run_search(planner, model, n, gbs, seq, max_mem, space, *, bounding=True, memo=True, job=None):
+def run_search(
+    planner,
+    model,
+    n,
+    gbs,
+    seq,
+    max_mem,
+    space,
+    *,
+    bounding=True,
+    memo=True,
+    job=None,
+    distinct=False,
+):
     opts = PricingOptions(max_mem_gib=max_mem, memoize=memo)
     ctx = planner.context(
         planner.model(model),
@@ -48,7 +63,19 @@ def run_search(planner, model, n, gbs, seq, max_mem, space, *, bounding=True, me
     )
     # PricingOptions.memoize acts through the context: the caches must really be off.
     assert ctx.memoize is memo and (type(ctx.cache) is dict) is memo
-    return planner.search(ctx, space, top_k=TOP, options=opts, bounding=bounding)
+    return planner.search(ctx, space, top_k=TOP, options=opts, bounding=bounding, distinct=distinct)
+
+
+def first_of_each_shape(ranked: list[tuple], k: int) -> list[tuple]:
+    """The first ``k`` entries of ``kept`` whose device grids differ."""
+    seen, out = set(), []
+    for entry in ranked:
+        degrees = dict(entry[0])
+        shape = tuple(degrees[d] for d in ("tp", "pp", "cp", "dp", "ep", "etp"))
+        if shape not in seen:
+            seen.add(shape)
+            out.append(entry)
+    return out[:k]
 
 
 def kept(outcome) -> list[tuple]:
@@ -197,6 +224,16 @@ def test_bounding_and_memoisation_change_nothing(planner, case) -> None:
     assert kept(default)[:TOP] == kept(exhaustive)[:TOP]
     assert default.result.plans == exhaustive.result.plans
     assert len(default.result.plans) == TOP
+    # One plan per shape: bounded on the K-th best shape, it lists the fastest layout of
+    # each of the K best shapes of the exhaustive ranking.
+    distinct = run_search(planner, model, n, gbs, seq, max_mem, space, job=job, distinct=True)
+    expected = first_of_each_shape(kept(exhaustive), TOP)
+    assert first_of_each_shape(kept(distinct), TOP) == expected
+    plans = distinct.result.plans
+    assert [p.rank for p in plans] == list(range(1, len(expected) + 1))
+    assert [(p.time.step_s, p.memory.peak_bytes) for p in plans] == [e[1:3] for e in expected]
+    assert len({p.layout.shape for p in plans}) == len(plans)
+    assert distinct.result.summary.distinct is True and ds.distinct is None
 
 
 def test_the_cases_exercise_pruning_and_the_knapsack(planner) -> None:
