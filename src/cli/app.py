@@ -161,7 +161,10 @@ def run(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         return _fail(str(exc), exc.exit_code)
-    except BrokenPipeError:
+    except output.OutputClosed:
+        # The reader left (`ndplan models | head -1`): not an error. stdout now points at
+        # nothing, or the interpreter's last flush meets the closed pipe and exits 1.
+        _stdout_to_devnull()
         return 0
     except Exception as exc:
         if _interrupted(exc):
@@ -178,6 +181,16 @@ def run(argv: list[str] | None = None) -> int:
         # (Ctrl-C anywhere in a command), which returned 130 without a word.
         return _fail("interrupted", ExitCode.INTERRUPTED)
     return int(result) if isinstance(result, int) else 0
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured stdout (tests) has no fd
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from ndplan.core.errors import InvalidInputError
 from ndplan.plugins.manager import BUILTIN_NAME
 
 from .options import DeviceFiles, Json, state
-from .output import note, print_json, stdout, table
+from .output import note, print_json, stdout, table, write_stdout
 
 SCHEMAS = {
     "ModelSpec": model.ModelSpec,
@@ -142,7 +142,7 @@ def schema(
         return
     if name not in SCHEMAS:
         raise InvalidInputError(f"unknown schema '{name}' (known: {', '.join(SCHEMAS)})")
-    print(json.dumps(SCHEMAS[name].model_json_schema(), indent=2))
+    write_stdout(json.dumps(SCHEMAS[name].model_json_schema(), indent=2) + "\n")
 
 
 def register(app: typer.Typer) -> None:

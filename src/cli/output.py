@@ -23,8 +23,23 @@ from ndplan.core.errors import InvalidInputError
 # Piped tables (`ndplan devices | grep h100`) must not be squeezed into rich's default
 # 80 columns, which truncates ids; a terminal (or $COLUMNS) still sets the width.
 _PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
-stdout = Console(highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
-stderr = Console(stderr=True, highlight=False)
+
+
+class OutputClosed(Exception):
+    """The reader of stdout left early (`ndplan devices | head -3`): not an error, so the
+    CLI stops writing and exits 0 (``cli.app.run``). Rich's and click's own handlers of
+    a closed pipe exit 1, ndplan's code for "no feasible plan"; not an OSError, so
+    click lets it through."""
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise OutputClosed
+
+
+stdout = _Console(highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
+stderr = _Console(stderr=True, highlight=False)
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -43,8 +58,15 @@ def dumps(obj: Any) -> str:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(dumps(obj))
-    sys.stdout.flush()
+    write_stdout(dumps(obj))
+
+
+def write_stdout(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise OutputClosed from None
 
 
 def table(

@@ -8,6 +8,7 @@ only with NDPLAN_DEBUG=1.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -354,3 +355,23 @@ def test_the_console_script_exit_codes() -> None:
     assert malformed.stdout == ""
     assert "No such option: --frobnicate" in malformed.stderr
     assert "Traceback" not in malformed.stderr
+
+
+@pytest.mark.parametrize("argv", [["models"], ["models", "--json"], ["schema", "Job"]], ids=["table", "json", "schema"])
+def test_a_reader_that_leaves_early_is_not_an_error(argv: list[str]) -> None:
+    """``ndplan models | head -1``: the reader closes the pipe; the command stops writing
+    and exits 0 without a word, whether it prints a table (rich) or JSON; before, a table
+    exited 1, the code of "no feasible plan"."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # no reader at all: the first write meets a closed pipe
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "ndplan", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "")
