@@ -309,6 +309,14 @@ def pipeline_cell(pp: int, vpp: int, schedule: str, uneven: bool) -> str:
     )
 
 
+def expert_cell(lay) -> str:
+    """EP, with the expert TP when it differs from TP (two plans of one row otherwise
+    look alike under --distinct, whose grids include the expert TP)."""
+    if lay.expert_tp != lay.tp:
+        return f"{lay.ep} etp{lay.expert_tp}"
+    return str(lay.ep) if lay.ep > 1 else ""
+
+
 def ranking_table(plans: tuple[Plan, ...], title: str = "best layouts"):
     rows = []
     for p in plans:
@@ -321,7 +329,7 @@ def ranking_table(plans: tuple[Plan, ...], title: str = "best layouts"):
                 pp,
                 lay.cp,
                 lay.dp,
-                lay.ep if lay.ep > 1 else "",
+                expert_cell(lay),
                 f"{lay.mbs}×{lay.num_microbatches}",
                 lay.zero,
                 "on" if lay.sequence_parallel else "",

@@ -357,7 +357,9 @@ def test_the_console_script_exit_codes() -> None:
     assert "Traceback" not in malformed.stderr
 
 
-@pytest.mark.parametrize("argv", [["models"], ["models", "--json"], ["schema", "Job"]], ids=["table", "json", "schema"])
+@pytest.mark.parametrize(
+    "argv", [["models"], ["models", "--json"], ["schema", "Job"]], ids=["table", "json", "schema"]
+)
 def test_a_reader_that_leaves_early_is_not_an_error(argv: list[str]) -> None:
     """``ndplan models | head -1``: the reader closes the pipe; the command stops writing
     and exits 0 without a word, whether it prints a table (rich) or JSON; before, a table

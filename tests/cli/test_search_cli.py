@@ -921,3 +921,15 @@ def test_a_space_every_rule_refuses_is_invalid_input_naming_the_rules(
     )
     assert code == 3 and out == "" and not csv_out.exists()
     assert one_error_line(err).startswith(f"ndplan: error: {says}")
+
+
+def test_the_ep_column_names_an_expert_tp_that_differs_from_tp() -> None:
+    from ndplan.cli.search import expert_cell
+
+    def lay(tp: int, ep: int, etp: int | None) -> SimpleNamespace:
+        return SimpleNamespace(tp=tp, ep=ep, expert_tp=etp if etp is not None else tp)
+
+    assert expert_cell(lay(2, 1, None)) == ""  # dense, or experts not split
+    assert expert_cell(lay(2, 8, None)) == "8"
+    assert expert_cell(lay(1, 8, 2)) == "8 etp2"
+    assert expert_cell(lay(4, 1, 1)) == "1 etp1"
