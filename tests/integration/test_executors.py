@@ -25,7 +25,11 @@ PLUGINS = REPO / "tests" / "plugins"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("problem", [DEMO, MOE], ids=["llama-3-70b", "mixtral-8x7b"])
+@pytest.mark.parametrize(
+    "problem",
+    [DEMO, MOE, [*MOE, "--distinct"]],
+    ids=["llama-3-70b", "mixtral-8x7b", "mixtral-8x7b-one-per-grid"],
+)
 def test_pool_output_is_byte_identical_to_serial(problem: list[str], tmp_path: Path) -> None:
     serial = search_outputs(tmp_path / "serial", problem, "-j", "1")
     pool = search_outputs(tmp_path / "pool", problem, "-j", "2")
