@@ -151,10 +151,7 @@ def main() -> list[dict]:
     calibration = planner.calibration(None)
     start = time.perf_counter()
     results = [evaluate(planner, c, calibration) for c in cases(planner)]
-    top10 = sum(1 for r in results if r["rank"] is not None and r["rank"] <= 10)
-    close = sum(1 for r in results if r["gap"] is not None and r["gap"] <= 0.10)
-    both = sum(1 for r in results if r["rank"] is not None and r["rank"] <= 10 and r["gap"] <= 0.10)
-    grids = sum(1 for r in results if top_grid(r))
+    top10, close, both, grids = headline_counts(results)
     print(
         f"search quality: {len(results)} published layouts; top 10: {top10}; within 10% of the predicted best: "
         f"{close}; both: {both}; published grid among the 10 best grids and within 10%: {grids} "
@@ -164,21 +161,26 @@ def main() -> list[dict]:
     return results
 
 
-def top_grid(r: dict) -> bool:
-    """The published device grid ranks among the 10 best grids and the published layout
-    is within 10 % of the best."""
+def headline_counts(results: list[dict]) -> tuple[int, int, int, int]:
+    """Published layouts in the top 10; within 10 % of the best; both; and published
+    grids among the 10 best grids with the layout within 10 %."""
+
+    def within(r: dict) -> bool:
+        return r["gap"] is not None and r["gap"] <= 0.10
+
+    def among_10(rank: int | None) -> bool:
+        return rank is not None and rank <= 10
+
     return (
-        r["grid_rank"] is not None
-        and r["grid_rank"] <= 10
-        and r["gap"] is not None
-        and r["gap"] <= 0.10
+        sum(among_10(r["rank"]) for r in results),
+        sum(within(r) for r in results),
+        sum(among_10(r["rank"]) and within(r) for r in results),
+        sum(among_10(r["grid_rank"]) and within(r) for r in results),
     )
 
 
 def markdown(results: list[dict]) -> str:
-    top10 = sum(1 for r in results if r["rank"] is not None and r["rank"] <= 10)
-    close = sum(1 for r in results if r["gap"] is not None and r["gap"] <= 0.10)
-    both = sum(1 for r in results if r["rank"] is not None and r["rank"] <= 10 and r["gap"] <= 0.10)
+    top10, close, both, grids = headline_counts(results)
     lines = [
         "# Search quality",
         "",
@@ -203,7 +205,7 @@ def markdown(results: list[dict]) -> str:
         "",
         f"Of {len(results)} published layouts: {top10} rank in the top 10, {close} are predicted within 10% of the "
         f"best, {both} both. Counting device grids instead (`--distinct`): "
-        f"{sum(1 for r in results if top_grid(r))} published grids rank among the 10 best grids with the "
+        f"{grids} published grids rank among the 10 best grids with the "
         "published layout within 10% of the best.",
         "",
         "| row | source | model | hardware | N | gbs | seq | prec | published | rank | grid rank | gap | "

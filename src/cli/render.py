@@ -207,16 +207,14 @@ def unfilled_pipeline_warning(plans: Sequence[Plan]) -> str | None:
     )
 
 
-def near_tie_note(
-    plans: Sequence[Plan], median_error: float | None, top: int, distinct: bool = False
-) -> str | None:
+def near_tie_note(plans: Sequence[Plan], median_error: float | None, top: int) -> str | None:
     """A note when the leading ranks differ by less than the calibration's median error
     on the measured runs it was fitted to: their order is then within what the model
     can tell apart, so a user should weigh memory headroom and simplicity too. None
     when the calibration states no error (e.g. hand-written) or only rank 1 is that
     close. ``plans`` are ranked (step times ascend), at most ``top`` of them; when
-    they are variants of fewer shapes and not ``distinct``, the note points to
-    ``--distinct``, which lists the alternatives a user weighs."""
+    they are variants of fewer shapes, the note points to ``--distinct``, which lists
+    the alternatives a user weighs (its own lists never repeat a shape)."""
     if not median_error or median_error <= 0 or len(plans) < 2:
         return None
     best = plans[0].time.step_s
@@ -230,7 +228,7 @@ def near_tie_note(
     shapes = len({p.layout.shape for p in close})
     hint = (
         f" ({shapes} shapes among them: --distinct lists one plan per shape)"
-        if not distinct and shapes < len(close)
+        if shapes < len(close)
         else ""
     )
     return (

@@ -735,10 +735,13 @@ def search_cmd(
             print_json(result_json(result))
         else:
             stdout.print(Text(header(pctx), style="bold"))
-            title = "best layouts, one per shape" if distinct else "best layouts"
-            stdout.print(ranking_table(result.plans, title))
+            stdout.print(
+                ranking_table(
+                    result.plans, "best layouts, one per shape" if distinct else "best layouts"
+                )
+            )
             stdout.print(Text(summary_line(result)))
-            tie = near_tie_note(result.plans, pctx.calibration.median_error, top, distinct)
+            tie = near_tie_note(result.plans, pctx.calibration.median_error, top)
             if tie:
                 stdout.print(Text(tie))
             chosen = result.plans[explain - 1]

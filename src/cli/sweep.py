@@ -77,11 +77,11 @@ def load_sweep_file(path: Path) -> dict[str, Any]:
             raise InvalidInputError(f"{path}: 'scenarios' must be a list of mappings")
         for i, entry in enumerate(scenarios):
             for key in entry:
-                if str(key).replace("-", "_") not in GRID_KEYS:
+                name = str(key).replace("-", "_")
+                if name not in GRID_KEYS:
                     raise InvalidInputError(
                         f"{path}: scenarios[{i}]: unknown key '{key}'"
-                        f"{did_you_mean(str(key).replace('-', '_'), GRID_KEYS)} "
-                        f"(known: {', '.join(GRID_KEYS)})"
+                        f"{did_you_mean(name, GRID_KEYS)} (known: {', '.join(GRID_KEYS)})"
                     )
     return out
 

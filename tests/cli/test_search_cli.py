@@ -808,7 +808,6 @@ def test_the_near_tie_note_points_to_one_plan_per_shape_when_variants_fill_the_b
         "weigh memory headroom and simplicity too "
         "(2 shapes among them: --distinct lists one plan per shape)"
     )
-    assert "--distinct" not in near_tie_note(variants, 0.04, top=4, distinct=True)
     assert "--distinct" not in near_tie_note(_ranked(100, 101, 102), 0.04, top=3)
 
 
