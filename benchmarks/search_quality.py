@@ -15,6 +15,7 @@ from pathlib import Path
 from ndplan.adapters.measured import RunInterpreter, read_rows
 from ndplan.core.errors import NdplanError
 from ndplan.core.layout import SearchSpace, layout_label
+from ndplan.core.plan import largest_difference
 from ndplan.planner import Planner
 from ndplan.validation import price_case
 
@@ -22,7 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "shared" / "measured_runs.csv"
 OUT = REPO / "docs" / "search-quality.md"
 SOURCES = ("nemo", "megatron-bridge", "megatron-lm", "korthikanti-2022")
-TOP = 50
 GRID_TOP = 20
 """Grids ranked (each by its fastest layout): a wider search prices far more layouts."""
 
@@ -69,35 +69,20 @@ def evaluate(planner: Planner, case, calibration) -> dict:
     for name in free:
         del want[name]
     schedules = ("1f1b", "interleaved")
-    out = planner.search(ctx, SearchSpace(recompute=("auto",), schedule=schedules), top_k=TOP)
-    plans = out.result.plans
-    best = plans[0]
-    rank = own = None
-    for i, (cand, _priced) in enumerate(out.ranking, start=1):
-        if all(cand[k] == v for k, v in want.items()):
-            rank = i
-            own = plans[i - 1] if i <= len(plans) else None
-            break
+    space = SearchSpace(recompute=("auto",), schedule=schedules)
+    # The published layout as a baseline: its exact rank (every faster layout priced),
+    # and its gap to the best (search --baseline).
+    placed = planner.search(ctx, space, top_k=1, baseline=want).result
+    own, rank = placed.baseline.plan, placed.baseline.rank
+    best = placed.plans[0]
     # The published device grid among the best layout of each grid (search --distinct).
-    grids = planner.search(
-        ctx, SearchSpace(recompute=("auto",), schedule=schedules), top_k=GRID_TOP, distinct=True
-    ).result.plans
+    grids = planner.search(ctx, space, top_k=GRID_TOP, distinct=True).result.plans
     published_grid = (lay.tp, lay.pp, lay.cp, lay.dp)
     grid_rank = next(
         (p.rank for p in grids if p.layout.shape[:4] == published_grid),
         None,
     )
-    if own is None:  # beyond the plans kept: the best published-compatible layout
-        space = SearchSpace(
-            recompute=("auto",),
-            schedule=schedules,
-            **{k: (v,) for k, v in want.items()},
-        )
-        try:
-            own = planner.search(ctx, space, top_k=1).result.plans[0]
-        except NdplanError:  # nothing compatible fits
-            own = None
-    gap = own.time.step_s / best.time.step_s - 1 if own is not None else None
+    gap = placed.baseline.gap
     try:  # how well ndplan prices the published layout as it was run
         error = price_case(planner, case, calibration).error
     except NdplanError:
@@ -124,15 +109,7 @@ def evaluate(planner: Planner, case, calibration) -> dict:
 def where_the_gap_is(own, best) -> str:
     """The step-time part that differs most between the published layout and the best
     (compute = forward + backward + recompute)."""
-
-    def parts(plan) -> dict[str, float]:
-        p = dict(plan.time.parts)
-        p["compute"] = p.pop("forward") + p.pop("backward") + p.pop("recompute")
-        return p
-
-    mine, theirs = parts(own), parts(best)
-    name = max(mine, key=lambda k: (abs(mine[k] - theirs[k]), k))
-    delta = mine[name] - theirs[name]
+    name, delta = largest_difference(own, best)
     return f"{name} {delta:+.2f} s"
 
 
@@ -190,8 +167,8 @@ def markdown(results: list[dict]) -> str:
         "precision), ndplan searched every layout for the same inputs (recompute chosen per layer; activation "
         "offload among the options for Megatron-Bridge's Megatron-FSDP rows, whose recipes offload) and ranked "
         "them. "
-        f"*rank* is the published layout's place (— when the search never priced it: it stops once its top "
-        f"{TOP} are settled); *grid rank* the place of its device grid (tp·pp·cp·dp) when each grid is "
+        "*rank* is the published layout's place among every layout ranked, exact (`ndplan search --baseline`: "
+        "the search prices every layout that could be faster; — when it does not fit); *grid rank* the place of its device grid (tp·pp·cp·dp) when each grid is "
         "represented by its fastest layout, as `ndplan search --distinct` lists them (layouts of one grid "
         "differ only in VPP, micro-batch size, ZeRO stage, offload, recompute or split, so the rank can be "
         f"much larger; — beyond the {GRID_TOP} best grids); *gap* its predicted step time over "

@@ -7,8 +7,8 @@ inputs (names, numbers) or domain models and return domain models.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ndplan.adapters.devices.calibration import check_calibration_names, load_calibration
@@ -20,7 +20,7 @@ from ndplan.core.balance import balance as run_balance
 from ndplan.core.calibration import Calibration
 from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InvalidInputError, PluginError
+from ndplan.core.errors import InfeasibleError, InvalidInputError, PluginError
 from ndplan.core.frameworks import FRAMEWORKS
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DEFAULT_BUCKET_BYTES
@@ -32,10 +32,16 @@ from ndplan.core.layout import (
     selective_not_offered,
 )
 from ndplan.core.model import ModelSpec, MoEFFN
-from ndplan.core.plan import BalanceResult, Plan, SearchResult
+from ndplan.core.plan import BalanceResult, Baseline, Plan, SearchResult
 from ndplan.core.ports import DebugSink, Executor
 from ndplan.core.pricing import Pricer
-from ndplan.core.search import SearchHooks, SearchOutcome, SearchPricing, SearchSettings
+from ndplan.core.search import (
+    SearchHooks,
+    SearchOutcome,
+    SearchPricing,
+    SearchSettings,
+    place_in_ranking,
+)
 from ndplan.core.search import search as run_search
 from ndplan.core.units import GiB
 
@@ -185,9 +191,15 @@ class Planner:
         bounding: bool = True,
         collect_parts: bool = False,
         progress: Callable[[str, int, int], None] | None = None,
+        baseline: Mapping[str, int | bool | str] | None = None,
     ) -> SearchOutcome:
         """Every layout in ``space``, priced and ranked (the top ``top_k`` as Plans;
-        ``distinct``: the fastest layout of each of the ``top_k`` best shapes)."""
+        ``distinct``: the fastest layout of each of the ``top_k`` best shapes).
+
+        ``baseline``: degrees of a layout the user runs (e.g. ``{"tp": 4, "pp": 8}``);
+        the fastest layout with them, the others searched as in ``space``, is placed in
+        the full ranking (``result.baseline``). Every layout that could be faster is then
+        priced, so its rank is exact; the top K is the same as without it."""
         opts = options or PricingOptions()
         if top_k < 1:
             raise InvalidInputError(f"--top: must be at least 1, got {top_k}")
@@ -241,17 +253,69 @@ class Planner:
                 token=uuid.uuid4().hex,
             )
             task = run_task
-        settings = SearchSettings(space=space, top_k=top_k, bounding=bounding, distinct=distinct)
-        return run_search(
-            ctx,
-            pricing,
-            settings,
-            rules=rules,
-            executor=executor if task else None,
-            task=task,
-            recipe=recipe,
-            hooks=hooks,
+
+        def run(settings: SearchSettings, hooks: SearchHooks | None) -> SearchOutcome:
+            return run_search(
+                ctx,
+                pricing,
+                settings,
+                rules=rules,
+                executor=executor if task else None,
+                task=task,
+                recipe=recipe,
+                hooks=hooks,
+            )
+
+        own = own_miss = None
+        if baseline:
+            is_moe = any(isinstance(k.ffn, MoEFFN) for k in ctx.model.kinds)
+            if not is_moe and "etp" in baseline and baseline["etp"] == baseline.get("tp"):
+                # A dense plan carries its TP as the expert TP; it shards nothing more.
+                baseline = {k: v for k, v in baseline.items() if k != "etp"}
+            try:
+                own_space = SearchSpace(
+                    **{**space.model_dump(), **{k: (v,) for k, v in baseline.items()}}
+                )
+                # Its own search reports nothing: the records and progress are the main one's.
+                own = run(SearchSettings(space=own_space, top_k=1, bounding=bounding), None)
+            except InfeasibleError as exc:
+                own_miss = str(exc)
+            except (InvalidInputError, ValueError) as exc:
+                raise InvalidInputError(f"baseline: {_first_line(exc)}") from None
+        settings = SearchSettings(
+            space=space,
+            top_k=top_k,
+            bounding=bounding,
+            distinct=distinct,
+            rank_through_s=own.ranking[0][1].step_s if own is not None else None,
         )
+        outcome = run(settings, hooks)
+        if not baseline:
+            return outcome
+        placed = Baseline(stated=dict(baseline), miss=own_miss)
+        if own is not None:
+            own_cand, own_priced = own.ranking[0]
+            rank, grids_ahead = place_in_ranking(outcome.ranking, own_cand, own_priced)
+            best = outcome.result.plans[0].time.step_s
+            placed = placed.model_copy(
+                update={
+                    "plan": own.result.plans[0].model_copy(update={"rank": rank}),
+                    "rank": rank,
+                    "grids_ahead": grids_ahead,
+                    "gap": own_priced.step_s / best - 1,
+                }
+            )
+        return replace(outcome, result=outcome.result.model_copy(update={"baseline": placed}))
+
+
+def _first_line(exc: Exception) -> str:
+    """A pydantic error as one line (field and message); others as they are."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        err = errors()[0]
+        where = ".".join(str(p) for p in err.get("loc", ()))
+        return f"{where}: {err.get('msg')} (got {err.get('input')!r})"
+    return str(exc)
 
 
 def validate_layout(ctx: PricingContext, layout: Layout) -> None:

@@ -11,15 +11,16 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import yaml
 from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from ndplan.core.errors import InfeasibleError, InvalidInputError, did_you_mean
 from ndplan.core.frameworks import FrameworkTraits
-from ndplan.core.layout import DIMENSIONS, SearchSpace
+from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label
 from ndplan.core.model import MoEFFN
-from ndplan.core.plan import Plan, SearchResult
+from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.search import FIELDS, SearchOutcome
 from ndplan.planner import PricingOptions
 
@@ -546,6 +547,18 @@ def search_cmd(
             "recompute variants of a few; --ranking-csv keeps every plan.",
         ),
     ] = False,
+    baseline: Annotated[
+        str | None,
+        typer.Option(
+            "--baseline",
+            metavar="LAYOUT",
+            help="A layout you run today, placed in the ranking: its degrees as "
+            "tp=4,pp=8,vpp=5 (the others searched), or a YAML/JSON file of them or of one "
+            "plan (`estimate --json`). Prints its exact rank, its gap to the best and the "
+            "part that differs most; --json adds `baseline`.",
+            show_default=False,
+        ),
+    ] = None,
     explain: Annotated[
         int,
         typer.Option(
@@ -682,6 +695,7 @@ def search_cmd(
         )
         if sp and space.tp == (1,):  # as Megatron does, with a word
             note(SP_AT_TP_1, warning=True)
+        stated = baseline_values(baseline, pctx.job.global_batch_size) if baseline else None
         sinks = []
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
         # it is opened, and a sink that needs a folder says so (exit 3).
@@ -709,6 +723,7 @@ def search_cmd(
                 bounding=not exhaustive,
                 collect_parts=ranking_out is not None,
                 progress=progress.update if progress else None,
+                baseline=stated,
             )
         except InfeasibleError:
             # The search ran to its end: the records say why nothing fits (every
@@ -744,6 +759,8 @@ def search_cmd(
             tie = near_tie_note(result.plans, pctx.calibration.median_error, top)
             if tie:
                 stdout.print(Text(tie))
+            if result.baseline is not None:
+                stdout.print(Text(baseline_line(result)))
             chosen = result.plans[explain - 1]
             title = "best plan:" if explain == 1 else f"plan {explain}:"
             stdout.print(Text(title, style="bold"))
@@ -783,7 +800,109 @@ def result_json(result: SearchResult) -> dict:
     for key in ("distinct", "rebalanced"):
         if data["summary"][key] is None:  # not asked for: the summary as ever
             del data["summary"][key]
-    return {"summary": data["summary"], "assumptions": data["assumptions"], "plans": data["plans"]}
+    out = {"summary": data["summary"], "assumptions": data["assumptions"], "plans": data["plans"]}
+    if data["baseline"] is not None:
+        out["baseline"] = data["baseline"]
+    return out
+
+
+BASELINE_KEYS = INT_DIMS | BOOL_DIMS | {"recompute", "schedule"}
+
+
+def baseline_values(text: str, global_batch: int) -> dict[str, int | bool | str]:
+    """``--baseline``: ``tp=4,pp=8,vpp=5``, or a YAML/JSON file of those degrees or of one
+    plan (its ``layout``, as ``estimate --json`` prints it). ``auto`` and null leave a
+    degree to the search."""
+    if "=" in text:
+        data: Any = {}
+        for item in text.replace(",", " ").split():
+            key, sep, value = item.partition("=")
+            if not sep or not key or not value:
+                raise InvalidInputError(
+                    f"--baseline: '{item}' is not name=value; write e.g. tp=4,pp=8,vpp=5"
+                )
+            try:
+                data[key] = yaml.safe_load(value)
+            except yaml.YAMLError:
+                data[key] = value
+        where = "--baseline"
+    else:
+        path = Path(text)
+        if not path.exists():
+            raise InvalidInputError(
+                f"--baseline {text}: no such file; give degrees as tp=4,pp=8,vpp=5 or a YAML/JSON file"
+            )
+        data = read_yaml(path, "baseline")
+        where = f"--baseline {text}"
+        if isinstance(data, dict) and isinstance(data.get("layout"), dict):
+            data = data["layout"]  # one plan, as estimate --json prints it
+        elif isinstance(data, dict) and "plans" in data:
+            raise InvalidInputError(
+                f"{where}: holds a search's plans; give one plan (its layout) or the degrees"
+            )
+    if not isinstance(data, dict) or not data:
+        raise InvalidInputError(f"{where}: expected degrees, e.g. tp=4,pp=8,vpp=5")
+    out: dict[str, int | bool | str] = {}
+    microbatches = None
+    for key, value in data.items():
+        field = {"offload": "offload_optimizer"}.get(str(key).lower(), str(key).lower())
+        if field == "layers_per_stage":
+            if value is not None:
+                raise InvalidInputError(
+                    f"{where}: layers_per_stage: the search tries even and balanced splits only; "
+                    "price that split with estimate --layers-per-chunk"
+                )
+            continue
+        if field == "num_microbatches":
+            microbatches = value
+            continue
+        if field not in BASELINE_KEYS:
+            raise InvalidInputError(
+                f"{where}: unknown degree '{key}'{did_you_mean(str(key), BASELINE_KEYS)} "
+                f"(known: {', '.join(sorted(BASELINE_KEYS))})"
+            )
+        if value is None or (value == "auto" and field != "recompute"):
+            continue  # the search's to choose (recompute auto is the per-layer policy)
+        if isinstance(value, list):
+            raise InvalidInputError(f"{where}: {key}: one value (a baseline is one layout)")
+        _check_space_value(field, value, f"{where}: {key}")
+        out[field] = value
+    if microbatches is not None:
+        dp, mbs = out.get("dp"), out.get("mbs")
+        if dp is None or mbs is None or dp * mbs * microbatches != global_batch:
+            raise InvalidInputError(
+                f"{where}: num_microbatches({microbatches}) needs dp and mbs with "
+                f"dp·mbs·num_microbatches = global batch({global_batch}); fix it or leave it out"
+            )
+    if not out:
+        raise InvalidInputError(f"{where}: states no degree; give e.g. tp=4,pp=8,vpp=5")
+    return out
+
+
+def baseline_line(result: SearchResult) -> str:
+    """Where the user's layout ranks, one line under the ranking."""
+    b = result.baseline
+    stated = " ".join(f"{k}={_stated(v)}" for k, v in b.stated.items())
+    if b.plan is None:
+        return f"baseline ({stated}): no layout with these degrees fits; {b.miss}"
+    lay = b.plan.layout
+    label = layout_label(lay.model_dump())
+    if b.rank == 1:
+        return f"baseline ({stated}): {label} is the best plan, {b.plan.time.step_s:.3f} s"
+    best = result.plans[0]
+    name, delta = largest_difference(b.plan, best)
+    faster = f"{b.rank - 1:,} layout{'s are' if b.rank > 2 else ' is'} faster"
+    if b.grids_ahead:
+        faster += f"; {b.grids_ahead:,} other grid{'s have' if b.grids_ahead > 1 else ' has'} one"
+    return (
+        f"baseline ({stated}): {label} ranks {b.rank:,} ({faster}); "
+        f"{b.plan.time.step_s:.3f} s, {100 * b.gap:+.1f} % over the best; "
+        f"largest difference: {name} {delta:+.2f} s"
+    )
+
+
+def _stated(value: int | bool | str) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 class _Progress:

@@ -123,10 +123,45 @@ class SearchSummary(Frozen):
     made faster (their layers moved between stages) before they were re-ranked."""
 
 
+class Baseline(Frozen):
+    """A layout the user runs today, placed in the search's ranking (``search --baseline``)."""
+
+    stated: dict[str, int | bool | str]
+    """The degrees the user gave; the others were searched as in the main search."""
+    plan: Plan | None = None
+    """The fastest layout with the stated degrees; None when none of them fits."""
+    rank: int | None = None
+    """Its place among every layout the search ranks (1 = the best). Exact: the search
+    prices every layout that could be faster, whatever the top K."""
+    grids_ahead: int | None = None
+    """Device grids (tp·pp·cp·dp·ep·etp) other than its own with a faster layout."""
+    gap: float | None = None
+    """Its step time over the best plan's, minus 1."""
+    miss: str | None = None
+    """Why no layout with the stated degrees fits (the closest miss), when none does."""
+
+
 class SearchResult(Frozen):
     summary: SearchSummary
     plans: tuple[Plan, ...]
     assumptions: tuple[str, ...] = ()
+    baseline: Baseline | None = None
+    """With a baseline asked for: where that layout ranks."""
+
+
+def largest_difference(own: Plan, best: Plan) -> tuple[str, float]:
+    """The step-time part that differs most between two plans, and by how much (seconds,
+    ``own`` minus ``best``); forward, backward and recompute count as one, compute."""
+
+    def parts(plan: Plan) -> dict[str, float]:
+        p = dict(plan.time.parts) if plan.time is not None else {}
+        p["compute"] = sum(p.pop(name, 0.0) for name in ("forward", "backward", "recompute"))
+        return p
+
+    mine, theirs = parts(own), parts(best)
+    names = set(mine) | set(theirs)
+    name = max(names, key=lambda k: (abs(mine.get(k, 0.0) - theirs.get(k, 0.0)), k))
+    return name, mine.get(name, 0.0) - theirs.get(name, 0.0)
 
 
 class BalanceResult(Frozen):

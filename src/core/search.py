@@ -224,6 +224,9 @@ class SearchSettings:
     """Keep only the fastest layout of each shape (``shape_of``) in the top K: the
     layouts of one shape differ only in VPP, micro-batch, ZeRO, offload, recompute or
     layer split, and can fill a top K that a user reads for alternatives."""
+    rank_through_s: float | None = None
+    """Also price every layout whose bound is at most this many seconds (a baseline's
+    step time), so the ranking holds every layout faster than it and its rank is exact."""
 
 
 def _allowed(values: tuple | None, value) -> bool:
@@ -908,6 +911,8 @@ def search(
     results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
     shape_best: dict[tuple[int, ...], float] = {}  # with settings.distinct
     kth = math.inf
+    through = -math.inf if settings.rank_through_s is None else settings.rank_through_s
+    settle = kth  # bounds above this cannot change the output
     over_memory = 0
     closest: tuple[int, int, Candidate] | None = None
     pos = 0
@@ -917,7 +922,7 @@ def search(
         next_quick = quick[order[pos]] if pos < len(order) else math.inf
         next_floor = floors[0][0] if floors else math.inf
         next_exact = heap[0][0] if heap else math.inf
-        if settings.bounding and kth < min(next_quick, next_floor, next_exact):
+        if settings.bounding and settle < min(next_quick, next_floor, next_exact):
             break
         if next_quick <= min(next_floor, next_exact):
             # Refine the next quick bounds in this process (cheap; no executor involved).
@@ -983,6 +988,7 @@ def search(
         elif len(results) >= k:
             results.sort()
             kth = results[k - 1][0]
+        settle = max(kth, through)
         if hooks.progress is not None:
             hooks.progress("price", pos, len(order))
     unexamined = (
@@ -1043,6 +1049,22 @@ def _first_of_each_shape(results: list, candidates: Sequence[Candidate], k: int)
             if len(out) == k:
                 break
     return out
+
+
+def place_in_ranking(
+    ranking: Sequence[tuple[dict[str, Any], Priced]], own: dict[str, Any], own_priced: Priced
+) -> tuple[int, int]:
+    """A layout's rank in a search's ranking and the device grids other than its own with
+    a faster layout. The ranking must hold every layout faster than it
+    (``SearchSettings.rank_through_s``). A layout outside the searched space ranks after
+    those faster, or as fast with less memory."""
+    ahead = next((i for i, (cand, _) in enumerate(ranking) if cand == own), None)
+    if ahead is None:
+        mark = (own_priced.step_s, own_priced.peak_bytes)
+        ahead = sum(1 for _, p in ranking if (p.step_s, p.peak_bytes) < mark)
+    grids = {tuple(cand[f] for f in FIELDS[:6]) for cand, _ in ranking[:ahead]}
+    grids.discard(tuple(own[f] for f in FIELDS[:6]))
+    return ahead + 1, len(grids)
 
 
 @dataclass(frozen=True)

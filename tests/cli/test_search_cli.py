@@ -18,7 +18,7 @@ import pytest
 from ndplan.cli import output
 from ndplan.cli.app import run
 from ndplan.cli.render import near_tie_note, unfilled_pipeline_warning
-from ndplan.core.layout import Layout
+from ndplan.core.layout import Layout, layout_label
 from ndplan.core.search import FIELDS, SearchPricing
 from ndplan.planner import Planner
 
@@ -932,3 +932,98 @@ def test_the_ep_column_names_an_expert_tp_that_differs_from_tp() -> None:
     assert expert_cell(lay(2, 8, None)) == "8"
     assert expert_cell(lay(1, 8, 2)) == "8 etp2"
     assert expert_cell(lay(4, 1, 1)) == "1 etp1"
+
+
+# ----------------------------------------------------------------------------- --baseline
+
+GRID = ("tp", "pp", "cp", "dp", "ep", "etp")
+
+
+def test_a_baseline_is_placed_exactly_in_the_ranking(capsys, tmp_path: Path) -> None:
+    """--baseline tp=2,pp=2: the fastest layout with those degrees, its rank among every
+    ranked layout (the ranking CSV's first row with them), its gap to the best, the other
+    grids ahead of it; the listed plans are the search's without the flag."""
+    csv_path = tmp_path / "ranking.csv"
+    data = search_json(
+        capsys, *TIGHT, "--top", "3", "--baseline", "tp=2,pp=2", "--ranking-csv", str(csv_path)
+    )
+    placed = data["baseline"]
+    rows = read_csv(csv_path)
+    at = next(i for i, r in enumerate(rows) if (r["tp"], r["pp"]) == ("2", "2"))
+    assert at >= 3  # beyond the top 3, so the search priced past them to place it
+    assert placed["stated"] == {"tp": 2, "pp": 2}
+    assert placed["rank"] == at + 1 == placed["plan"]["rank"]
+    assert (placed["plan"]["layout"]["tp"], placed["plan"]["layout"]["pp"]) == (2, 2)
+    assert placed["plan"]["time"]["step_s"] == pytest.approx(float(rows[at]["step_s"]), rel=1e-9)
+    best = data["plans"][0]["time"]["step_s"]
+    assert placed["gap"] == pytest.approx(placed["plan"]["time"]["step_s"] / best - 1)
+    grids = {tuple(r[d] for d in GRID) for r in rows[:at]} - {tuple(rows[at][d] for d in GRID)}
+    assert placed["grids_ahead"] == len(grids) > 0
+    plain = search_json(capsys, *TIGHT, "--top", "3")
+    assert "baseline" not in plain and plain["plans"] == data["plans"]
+    code, out, err = invoke(capsys, "search", *TIGHT, "--top", "3", "--baseline", "tp=2 pp=2")
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("baseline "))
+    label = layout_label(placed["plan"]["layout"])
+    assert line.startswith(
+        f"baseline (tp=2 pp=2): {label} ranks {at + 1} ({at} layouts are faster; "
+    )
+    assert f"{100 * placed['gap']:+.1f} % over the best; largest difference: " in line
+
+
+def test_a_baseline_file_takes_a_plan_as_estimate_prints_it(capsys, tmp_path: Path) -> None:
+    """An `estimate --json` output as the baseline: every degree it states is kept, and the
+    search places the fastest layer split of that layout."""
+    flags = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "32", "-s", "4096")
+    code, out, err = invoke(
+        capsys,
+        "estimate",
+        *flags,
+        "--max-mem",
+        "24",
+        *("--tp", "4", "--pp", "2", "--vpp", "2", "--recompute", "full", "--json"),
+    )
+    assert code == 0, err
+    estimate = json.loads(out)
+    mine = tmp_path / "mine.json"
+    mine.write_text(out, encoding="utf-8")
+    data = search_json(capsys, *TIGHT, "--top", "3", "--baseline", str(mine))
+    placed = data["baseline"]
+    for key in ("tp", "pp", "vpp", "cp", "dp", "mbs", "zero", "sp", "schedule", "recompute"):
+        assert placed["plan"]["layout"][key] == estimate["layout"][key], key
+    assert placed["stated"]["recompute"] == "full" and "num_microbatches" not in placed["stated"]
+    assert placed["plan"]["time"]["step_s"] <= estimate["time"]["step_s"] * (1 + 1e-12)
+    assert placed["rank"] > 3
+
+
+def test_a_baseline_that_does_not_fit_is_reported_not_fatal(capsys) -> None:
+    """The search still ranks; the baseline says why nothing with its degrees fits."""
+    argv = ("--top", "2", "--baseline", "tp=1,pp=1,zero=0,recompute=none")
+    data = search_json(capsys, *TIGHT, *argv)
+    placed = data["baseline"]
+    assert placed["plan"] is None and placed["rank"] is None and len(data["plans"]) == 2
+    assert placed["miss"].startswith("no layout fits in 24.00 GiB")
+    code, out, err = invoke(capsys, "search", *TIGHT, *argv)
+    assert code == 0, err
+    assert "baseline (tp=1 pp=1 zero=0 recompute=none): no layout with these degrees fits; " in out
+
+
+@pytest.mark.parametrize(
+    ("baseline", "says"),
+    [
+        ("tp=2,tensor=4", "--baseline: unknown degree 'tensor'"),
+        ("tp=two", "--baseline: tp: 'two' is not a whole number"),
+        ("tp=3", "baseline: no layout of 8 devices matches"),
+        ("tp2", "--baseline tp2: no such file"),
+        ("plans.json", "holds a search's plans"),
+        ("split.json", "layers_per_stage: the search tries even and balanced splits only"),
+        ("batch.json", "num_microbatches(3) needs dp and mbs"),
+    ],
+)
+def test_a_bad_baseline_is_invalid_input(capsys, tmp_path: Path, monkeypatch, baseline, says):
+    monkeypatch.chdir(tmp_path)
+    Path("plans.json").write_text('{"summary": {}, "plans": []}')
+    Path("split.json").write_text('{"layout": {"tp": 1, "pp": 2, "layers_per_stage": [20, 12]}}')
+    Path("batch.json").write_text('{"tp": 1, "dp": 8, "mbs": 1, "num_microbatches": 3}')
+    code, out, err = invoke(capsys, "search", *SMALL, "--baseline", baseline)
+    assert code == 3 and says in one_error_line(err) and out == ""

@@ -27,8 +27,8 @@ PLUGINS = REPO / "tests" / "plugins"
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "problem",
-    [DEMO, MOE, [*MOE, "--distinct"]],
-    ids=["llama-3-70b", "mixtral-8x7b", "mixtral-8x7b-one-per-grid"],
+    [DEMO, MOE, [*MOE, "--distinct", "--baseline", "tp=2,ep=4,pp=2"]],
+    ids=["llama-3-70b", "mixtral-8x7b", "mixtral-8x7b-one-per-grid-and-a-baseline"],
 )
 def test_pool_output_is_byte_identical_to_serial(problem: list[str], tmp_path: Path) -> None:
     serial = search_outputs(tmp_path / "serial", problem, "-j", "1")

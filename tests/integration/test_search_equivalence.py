@@ -52,6 +52,7 @@ def run_search(
     memo=True,
     job=None,
     distinct=False,
+    baseline=None,
 ):
     opts = PricingOptions(max_mem_gib=max_mem, memoize=memo)
     ctx = planner.context(
@@ -63,19 +64,49 @@ def run_search(
     )
     # PricingOptions.memoize acts through the context: the caches must really be off.
     assert ctx.memoize is memo and (type(ctx.cache) is dict) is memo
-    return planner.search(ctx, space, top_k=TOP, options=opts, bounding=bounding, distinct=distinct)
+    return planner.search(
+        ctx,
+        space,
+        top_k=TOP,
+        options=opts,
+        bounding=bounding,
+        distinct=distinct,
+        baseline=baseline,
+    )
 
 
 def first_of_each_shape(ranked: list[tuple], k: int) -> list[tuple]:
     """The first ``k`` entries of ``kept`` whose device grids differ."""
     seen, out = set(), []
     for entry in ranked:
-        degrees = dict(entry[0])
-        shape = tuple(degrees[d] for d in ("tp", "pp", "cp", "dp", "ep", "etp"))
+        shape = grid(entry)
         if shape not in seen:
             seen.add(shape)
             out.append(entry)
     return out[:k]
+
+
+STATED = (
+    "tp",
+    "pp",
+    "cp",
+    "dp",
+    "ep",
+    "etp",
+    "vpp",
+    "mbs",
+    "zero",
+    "sp",
+    "offload_optimizer",
+    "recompute",
+    "schedule",
+)
+"""Every degree a baseline can state (the layer split is the search's own choice)."""
+
+
+def grid(entry: tuple) -> tuple[int, ...]:
+    degrees = dict(entry[0])
+    return tuple(degrees[d] for d in ("tp", "pp", "cp", "dp", "ep", "etp"))
 
 
 def kept(outcome) -> list[tuple]:
@@ -234,6 +265,29 @@ def test_bounding_and_memoisation_change_nothing(planner, case) -> None:
     assert [(p.time.step_s, p.memory.peak_bytes) for p in plans] == [e[1:3] for e in expected]
     assert len({p.layout.shape for p in plans}) == len(plans)
     assert distinct.result.summary.distinct is True and ds.distinct is None
+    # A baseline (the user's layout, fully or partly stated) is placed exactly: its rank
+    # and the grids ahead of it are the exhaustive ranking's, and the top K does not move.
+    ranked = kept(exhaustive)
+    for at, names in (
+        (TOP + 1, STATED),
+        (len(ranked) // 2, STATED),
+        (len(ranked), STATED),
+        (len(ranked) // 3, ("tp", "pp")),
+    ):
+        degrees = dict(ranked[at - 1][0])
+        stated = {name: degrees[name] for name in names}
+        out = run_search(planner, model, n, gbs, seq, max_mem, space, job=job, baseline=stated)
+        rank = 1 + next(
+            i for i, e in enumerate(ranked) if all(dict(e[0])[k] == v for k, v in stated.items())
+        )
+        placed = out.result.baseline
+        assert placed.rank == rank <= at and placed.plan.rank == rank
+        assert (placed.plan.time.step_s, placed.plan.memory.peak_bytes) == ranked[rank - 1][1:3]
+        assert placed.gap == ranked[rank - 1][1] / ranked[0][1] - 1
+        assert placed.grids_ahead == len(
+            {grid(e) for e in ranked[: rank - 1]} - {grid(ranked[rank - 1])}
+        )
+        assert out.result.plans == default.result.plans
 
 
 def test_the_cases_exercise_pruning_and_the_knapsack(planner) -> None:
