@@ -318,14 +318,23 @@ def expert_cell(lay) -> str:
     return str(lay.ep) if lay.ep > 1 else ""
 
 
-def ranking_table(plans: tuple[Plan, ...], title: str = "best layouts"):
+BASELINE_MARK = "base"
+
+
+def ranking_table(
+    plans: tuple[Plan, ...], title: str = "best layouts", baseline: Plan | None = None
+):
+    """The listed plans, and below a rule the baseline's plan when it is not among them
+    (its ``#`` cell ``base``: under --distinct the column counts grids, not layouts)."""
     rows = []
-    for p in plans:
+    listed = {p.layout for p in plans}
+    extra = (baseline,) if baseline is not None and baseline.layout not in listed else ()
+    for p in (*plans, *extra):
         lay = p.layout
         pp = pipeline_cell(lay.pp, lay.vpp, lay.schedule, lay.layers_per_stage is not None)
         rows.append(
             (
-                p.rank,
+                BASELINE_MARK if p is baseline else p.rank,
                 lay.tp,
                 pp,
                 lay.cp,
@@ -365,7 +374,9 @@ def ranking_table(plans: tuple[Plan, ...], title: str = "best layouts"):
         ],
         rows,
     )
-    if any(p.layout.layers_per_stage is not None for p in plans):
+    if extra:
+        out.rows[len(plans) - 1].end_section = True
+    if any(p.layout.layers_per_stage is not None for p in (*plans, *extra)):
         out.caption = UNEVEN_NOTE + "; --json gives layout.layers_per_stage"
         out.caption_justify = "left"
     return out
@@ -752,7 +763,9 @@ def search_cmd(
             stdout.print(Text(header(pctx), style="bold"))
             stdout.print(
                 ranking_table(
-                    result.plans, "best layouts, one per shape" if distinct else "best layouts"
+                    result.plans,
+                    "best layouts, one per shape" if distinct else "best layouts",
+                    result.baseline.plan if result.baseline is not None else None,
                 )
             )
             stdout.print(Text(summary_line(result)))

@@ -969,6 +969,17 @@ def test_a_baseline_is_placed_exactly_in_the_ranking(capsys, tmp_path: Path) -> 
         f"baseline (tp=2 pp=2): {label} ranks {at + 1} ({at} layouts are faster; "
     )
     assert f"{100 * placed['gap']:+.1f} % over the best; largest difference: " in line
+    # The table shows it below a rule, unless it is listed already.
+    lines = out.splitlines()
+    at_base = next(i for i, line in enumerate(lines) if line.startswith("│base "))
+    assert lines[at_base - 1].startswith("├") and lines[at_base + 1].startswith("└")
+    tp_cell, pp_cell = (c.strip() for c in lines[at_base].split("│")[2:4])
+    assert tp_cell == "2" and pp_cell.rstrip("*").split("×")[0] == "2"
+    code, out, err = invoke(
+        capsys, "search", *TIGHT, "--top", str(at + 1), "--baseline", "tp=2,pp=2"
+    )
+    assert code == 0, err
+    assert "│base" not in out and f"ranks {at + 1} (" in out
 
 
 def test_a_baseline_file_takes_a_plan_as_estimate_prints_it(capsys, tmp_path: Path) -> None:
