@@ -742,6 +742,10 @@ def search_cmd(
             for sink in sinks:
                 sink.close()
             raise
+        except InvalidInputError as exc:
+            if str(exc).startswith("baseline: "):  # named as the user gave it
+                raise InvalidInputError(f"--{exc}") from None
+            raise
         finally:
             if progress:
                 progress.stop()

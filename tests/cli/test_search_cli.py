@@ -1024,7 +1024,8 @@ def test_a_baseline_that_does_not_fit_is_reported_not_fatal(capsys) -> None:
     [
         ("tp=2,tensor=4", "--baseline: unknown degree 'tensor'"),
         ("tp=two", "--baseline: tp: 'two' is not a whole number"),
-        ("tp=3", "baseline: no layout of 8 devices matches"),
+        ("tp=3", "--baseline: no layout of 8 devices matches"),
+        ("ep=2", "--baseline: ep(2) but the model has no experts"),
         ("tp2", "--baseline tp2: no such file"),
         ("plans.json", "holds a search's plans"),
         ("split.json", "layers_per_stage: the search tries even and balanced splits only"),
