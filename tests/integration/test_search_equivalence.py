@@ -25,6 +25,7 @@ import pytest
 from ndplan.bootstrap import bootstrap
 from ndplan.core.job import Job
 from ndplan.core.layout import SearchSpace
+from ndplan.core.search import FIELDS
 from ndplan.planner import Planner, PricingOptions
 
 TOP = 10
@@ -86,27 +87,14 @@ def first_of_each_shape(ranked: list[tuple], k: int) -> list[tuple]:
     return out[:k]
 
 
-STATED = (
-    "tp",
-    "pp",
-    "cp",
-    "dp",
-    "ep",
-    "etp",
-    "vpp",
-    "mbs",
-    "zero",
-    "sp",
-    "offload_optimizer",
-    "recompute",
-    "schedule",
-)
-"""Every degree a baseline can state (the layer split is the search's own choice)."""
+STATED = tuple(f for f in FIELDS if f not in ("num_microbatches", "split"))
+"""Every degree a baseline can state (the micro-batch count follows from dp and mbs; the
+layer split is the search's own choice)."""
 
 
 def grid(entry: tuple) -> tuple[int, ...]:
     degrees = dict(entry[0])
-    return tuple(degrees[d] for d in ("tp", "pp", "cp", "dp", "ep", "etp"))
+    return tuple(degrees[d] for d in FIELDS[:6])  # tp, pp, cp, dp, ep, etp
 
 
 def kept(outcome) -> list[tuple]:
