@@ -565,8 +565,8 @@ def search_cmd(
             metavar="LAYOUT",
             help="A layout you run today, placed in the ranking: its degrees as "
             "tp=4,pp=8,vpp=5 (the others searched), or a YAML/JSON file of them or of one "
-            "plan (`estimate --json`). Prints its exact rank, its gap to the best and the "
-            "part that differs most; --json adds `baseline`.",
+            "plan (`estimate --json`). Prints its exact rank, its gap to the best and its "
+            "step-time parts beside the best plan's; --json adds `baseline`.",
             show_default=False,
         ),
     ] = None,
@@ -778,6 +778,8 @@ def search_cmd(
                 stdout.print(Text(tie))
             if result.baseline is not None:
                 stdout.print(Text(baseline_line(result)))
+                if result.baseline.plan is not None and result.baseline.rank != 1:
+                    stdout.print(baseline_parts_table(result.plans[0], result.baseline.plan))
             chosen = result.plans[explain - 1]
             title = "best plan:" if explain == 1 else f"plan {explain}:"
             stdout.print(Text(title, style="bold"))
@@ -916,6 +918,27 @@ def baseline_line(result: SearchResult) -> str:
         f"{b.plan.time.step_s:.3f} s, {100 * b.gap:+.1f} % over the best; "
         f"largest difference: {name} {delta:+.2f} s"
     )
+
+
+def baseline_parts_table(best: Plan, baseline: Plan):
+    """The step-time parts of the best plan and the baseline side by side, and what the
+    baseline pays more (a single largest difference can hide parts that offset)."""
+    rows = []
+    for name, _ in SHARE_NAMES:
+        mine, theirs = baseline.time.parts.get(name, 0.0), best.time.parts.get(name, 0.0)
+        if max(mine, theirs) >= 0.0005:
+            rows.append((name, f"{theirs:.3f}", f"{mine:.3f}", f"{mine - theirs:+.3f}"))
+    step_b, step_m = best.time.step_s, baseline.time.step_s
+    rows.append(("step", f"{step_b:.3f}", f"{step_m:.3f}", f"{step_m - step_b:+.3f}"))
+    peak_b, peak_m = best.memory.peak_bytes / 2**30, baseline.memory.peak_bytes / 2**30
+    rows.append(("peak memory, GiB", f"{peak_b:.1f}", f"{peak_m:.1f}", f"{peak_m - peak_b:+.1f}"))
+    out = table(
+        "baseline against the best, seconds per step",
+        ["part", ("best", "right"), ("baseline", "right"), ("baseline − best", "right")],
+        rows,
+    )
+    out.rows[-3].end_section = True
+    return out
 
 
 def _stated(value: int | bool | str) -> str:

@@ -963,14 +963,30 @@ def test_a_baseline_is_placed_exactly_in_the_ranking(capsys, tmp_path: Path) -> 
     assert "baseline" not in plain and plain["plans"] == data["plans"]
     code, out, err = invoke(capsys, "search", *TIGHT, "--top", "3", "--baseline", "tp=2 pp=2")
     assert code == 0, err
-    line = next(line for line in out.splitlines() if line.startswith("baseline "))
+    lines = out.splitlines()
+    line = next(line for line in lines if line.startswith("baseline "))
     label = layout_label(placed["plan"]["layout"])
     assert line.startswith(
         f"baseline (tp=2 pp=2): {label} ranks {at + 1} ({at} layouts are faster; "
     )
     assert f"{100 * placed['gap']:+.1f} % over the best; largest difference: " in line
+    # Its step-time parts beside the best plan's: the differences add up to the gap.
+    title = [line.rstrip() for line in lines].index("baseline against the best, seconds per step")
+    cells = {}
+    for row in lines[title + 3 :]:
+        if row.startswith("└"):
+            break
+        if row.startswith("│"):
+            name, best_s, base_s, delta = (c.strip() for c in row.split("│")[1:5])
+            cells[name] = (float(best_s), float(base_s), float(delta))
+    step = cells.pop("step")
+    assert step[1] == round(placed["plan"]["time"]["step_s"], 3)
+    assert step[0] == round(data["plans"][0]["time"]["step_s"], 3)
+    assert cells.pop("peak memory, GiB")[1] == round(
+        placed["plan"]["memory"]["peak_bytes"] / 2**30, 1
+    )
+    assert sum(d for _, _, d in cells.values()) == pytest.approx(step[2], abs=0.001 * len(cells))
     # The table shows it below a rule, unless it is listed already.
-    lines = out.splitlines()
     at_base = next(i for i, line in enumerate(lines) if line.startswith("│base "))
     assert lines[at_base - 1].startswith("├") and lines[at_base + 1].startswith("└")
     tp_cell, pp_cell = (c.strip() for c in lines[at_base].split("│")[2:4])
