@@ -390,7 +390,9 @@ def summary_line(result: SearchResult) -> str:
     return (
         f"generated {s.generated:,} · refused {refused:,}"
         + (f" ({reasons})" if reasons else "")
-        + f" · over memory {s.over_memory:,} · bounded {s.bounded:,} · priced {s.priced:,} · "
+        + f" · over memory {s.over_memory:,} · bounded {s.bounded:,} · priced {s.priced:,}"
+        + (f" ({s.priced_for_baseline:,} to place the baseline)" if s.priced_for_baseline else "")
+        + " · "
         f"{sec.total:.2f} s (enumerate {sec.enumerate:.2f}, memory {sec.memory:.2f}, bound {sec.bound:.2f}, "
         f"price {sec.price:.2f})"
         + (f" · rebalanced {s.rebalanced:,}" if s.rebalanced is not None else "")
@@ -816,7 +818,7 @@ def _check_debug_dir(directory: Path, sinks: list, force: bool) -> None:
 
 def result_json(result: SearchResult) -> dict:
     data = result.model_dump(mode="json")
-    for key in ("distinct", "rebalanced"):
+    for key in ("distinct", "rebalanced", "priced_for_baseline"):
         if data["summary"][key] is None:  # not asked for: the summary as ever
             del data["summary"][key]
     out = {"summary": data["summary"], "assumptions": data["assumptions"], "plans": data["plans"]}

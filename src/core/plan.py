@@ -118,6 +118,9 @@ class SearchSummary(Frozen):
     distinct: bool | None = None
     """True when asked to list one layout per shape (tp·pp·cp·dp·ep·etp): each plan is
     the fastest of its shape, so rank K is the K-th best shape; None otherwise."""
+    priced_for_baseline: int | None = None
+    """With a baseline: how many of the priced layouts were priced only to place it (the
+    top K was settled without them); None otherwise."""
     rebalanced: int | None = None
     """With re-balancing asked for: how many of the top plans the pipeline balancer
     made faster (their layers moved between stages) before they were re-ranked."""

@@ -917,6 +917,7 @@ def search(
     closest: tuple[int, int, Candidate] | None = None
     pos = 0
     priced_count = 0
+    settled_at = None  # priced when the top K alone would have stopped (then: the baseline's)
     t_memory = t_floor = 0.0
     while pos < len(order) or floors or heap:
         next_quick = quick[order[pos]] if pos < len(order) else math.inf
@@ -924,6 +925,12 @@ def search(
         next_exact = heap[0][0] if heap else math.inf
         if settings.bounding and settle < min(next_quick, next_floor, next_exact):
             break
+        if (
+            settled_at is None
+            and settings.bounding
+            and kth < min(next_quick, next_floor, next_exact)
+        ):
+            settled_at = priced_count  # bounds only grow and kth only falls: settled for good
         if next_quick <= min(next_floor, next_exact):
             # Refine the next quick bounds in this process (cheap; no executor involved).
             tick = time.perf_counter()
@@ -1014,6 +1021,9 @@ def search(
         over_memory=over_memory,
         bounded=bounded,
         priced=priced_count,
+        priced_for_baseline=None
+        if settings.rank_through_s is None
+        else priced_count - (priced_count if settled_at is None else settled_at),
         never_tried=enum.never_tried(settings.space),
         distinct=True if settings.distinct else None,
         seconds=PhaseTimes(

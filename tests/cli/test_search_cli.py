@@ -961,6 +961,9 @@ def test_a_baseline_is_placed_exactly_in_the_ranking(capsys, tmp_path: Path) -> 
     assert placed["grids_ahead"] == len(grids) > 0
     plain = search_json(capsys, *TIGHT, "--top", "3")
     assert "baseline" not in plain and plain["plans"] == data["plans"]
+    assert "priced_for_baseline" not in plain["summary"]
+    extra = data["summary"]["priced_for_baseline"]
+    assert data["summary"]["priced"] - extra == plain["summary"]["priced"] and extra > 0
     code, out, err = invoke(capsys, "search", *TIGHT, "--top", "3", "--baseline", "tp=2 pp=2")
     assert code == 0, err
     lines = out.splitlines()
@@ -970,6 +973,7 @@ def test_a_baseline_is_placed_exactly_in_the_ranking(capsys, tmp_path: Path) -> 
         f"baseline (tp=2 pp=2): {label} ranks {at + 1} ({at} layouts are faster; "
     )
     assert f"{100 * placed['gap']:+.1f} % over the best; largest difference: " in line
+    assert f" · priced {data['summary']['priced']:,} ({extra:,} to place the baseline) · " in out
     # Its step-time parts beside the best plan's: the differences add up to the gap.
     title = [line.rstrip() for line in lines].index("baseline against the best, seconds per step")
     cells = {}

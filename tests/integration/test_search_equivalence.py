@@ -276,6 +276,10 @@ def test_bounding_and_memoisation_change_nothing(planner, case) -> None:
             {grid(e) for e in ranked[: rank - 1]} - {grid(ranked[rank - 1])}
         )
         assert out.result.plans == default.result.plans
+        # What it priced beyond the search without it is counted as the baseline's.
+        summary = out.result.summary
+        assert summary.priced - summary.priced_for_baseline == ds.priced
+        assert ds.priced_for_baseline is None
 
 
 def test_the_cases_exercise_pruning_and_the_knapsack(planner) -> None:
