@@ -20,7 +20,7 @@ from ndplan.core.balance import balance as run_balance
 from ndplan.core.calibration import Calibration
 from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InfeasibleError, InvalidInputError, PluginError
+from ndplan.core.errors import InfeasibleError, InvalidInputError, PluginError, field_error
 from ndplan.core.frameworks import FRAMEWORKS
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DEFAULT_BUCKET_BYTES
@@ -268,8 +268,7 @@ class Planner:
 
         own = own_miss = None
         if baseline:
-            is_moe = any(isinstance(k.ffn, MoEFFN) for k in ctx.model.kinds)
-            if not is_moe and "etp" in baseline and baseline["etp"] == baseline.get("tp"):
+            if not ctx.model.is_moe and "etp" in baseline and baseline["etp"] == baseline.get("tp"):
                 # A dense plan carries its TP as the expert TP; it shards nothing more.
                 baseline = {k: v for k, v in baseline.items() if k != "etp"}
             try:
@@ -281,7 +280,7 @@ class Planner:
             except InfeasibleError as exc:
                 own_miss = str(exc)
             except (InvalidInputError, ValueError) as exc:
-                raise InvalidInputError(f"baseline: {_first_line(exc)}") from None
+                raise InvalidInputError(f"baseline: {field_error(exc)}") from None
         settings = SearchSettings(
             space=space,
             top_k=top_k,
@@ -306,16 +305,6 @@ class Planner:
                 }
             )
         return replace(outcome, result=outcome.result.model_copy(update={"baseline": placed}))
-
-
-def _first_line(exc: Exception) -> str:
-    """A pydantic error as one line (field and message); others as they are."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        err = errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        return f"{where}: {err.get('msg')} (got {err.get('input')!r})"
-    return str(exc)
 
 
 def validate_layout(ctx: PricingContext, layout: Layout) -> None:

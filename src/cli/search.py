@@ -16,10 +16,9 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ndplan.core.errors import InfeasibleError, InvalidInputError, did_you_mean
+from ndplan.core.errors import InfeasibleError, InvalidInputError, did_you_mean, field_error
 from ndplan.core.frameworks import FrameworkTraits
 from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label
-from ndplan.core.model import MoEFFN
 from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.search import FIELDS, SearchOutcome
 from ndplan.planner import PricingOptions
@@ -131,14 +130,19 @@ def load_space_file(path: Path) -> dict[str, Any]:
     return space_values(data, str(path))
 
 
+def dimension_name(key: Any) -> str:
+    """A dimension as a file or --baseline names it: any case, ``offload`` for short."""
+    field = str(key).lower()
+    return "offload_optimizer" if field == "offload" else field
+
+
 def space_values(data: Any, where: str) -> dict[str, Any]:
     """A search-space mapping (scalar = fixed, list = candidates, ``auto``), keys checked."""
     if not isinstance(data, dict):
         raise InvalidInputError(f"{where}: expected a mapping of dimension → value, list or auto")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        field = str(key).lower()
-        field = {"offload": "offload_optimizer"}.get(field, field)
+        field = dimension_name(key)
         field = {"max_mem_gib": "max_mem", "reserve_gib": "reserve"}.get(field, field)
         if field not in SPACE_KEYS:
             raise InvalidInputError(
@@ -260,11 +264,7 @@ def build_space(
     try:
         return SearchSpace(**space)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        raise InvalidInputError(
-            f"search space: {where}: {err.get('msg')} (got {err.get('input')!r})"
-        ) from None
+        raise InvalidInputError(f"search space: {field_error(exc)}") from None
 
 
 SHARE_NAMES = (
@@ -701,7 +701,7 @@ def search_cmd(
             vary=parse_vary(vary),
             fixed=fixed,
             file_values=space_values,
-            is_moe=any(isinstance(k.ffn, MoEFFN) for k in pctx.model.kinds),
+            is_moe=pctx.model.is_moe,
             framework=pctx.framework,
             max_tp=max_tp,
             balance_layers=balance_layers,
@@ -866,7 +866,7 @@ def baseline_values(text: str, global_batch: int) -> dict[str, int | bool | str]
     out: dict[str, int | bool | str] = {}
     microbatches = None
     for key, value in data.items():
-        field = {"offload": "offload_optimizer"}.get(str(key).lower(), str(key).lower())
+        field = dimension_name(key)
         if field == "layers_per_stage":
             if value is not None:
                 raise InvalidInputError(

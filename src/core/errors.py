@@ -66,3 +66,14 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     by_lower = {k.lower(): k for k in known}
     close = difflib.get_close_matches(str(name).lower(), list(by_lower), n=3, cutoff=0.5)
     return f"; did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
+
+
+def field_error(exc: Exception) -> str:
+    """A pydantic validation error as one line: the field, the message and the value
+    given; any other error as it reads."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return str(exc)
+    err = errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ()))
+    return f"{where}: {err.get('msg')} (got {err.get('input')!r})"

@@ -911,8 +911,8 @@ def search(
     results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
     shape_best: dict[tuple[int, ...], float] = {}  # with settings.distinct
     kth = math.inf
+    # Bounds above max(kth, through) cannot change the output (through: the baseline's).
     through = -math.inf if settings.rank_through_s is None else settings.rank_through_s
-    settle = kth  # bounds above this cannot change the output
     over_memory = 0
     closest: tuple[int, int, Candidate] | None = None
     pos = 0
@@ -923,13 +923,10 @@ def search(
         next_quick = quick[order[pos]] if pos < len(order) else math.inf
         next_floor = floors[0][0] if floors else math.inf
         next_exact = heap[0][0] if heap else math.inf
-        if settings.bounding and settle < min(next_quick, next_floor, next_exact):
+        next_bound = min(next_quick, next_floor, next_exact)
+        if settings.bounding and max(kth, through) < next_bound:
             break
-        if (
-            settled_at is None
-            and settings.bounding
-            and kth < min(next_quick, next_floor, next_exact)
-        ):
+        if settled_at is None and settings.bounding and kth < next_bound:
             settled_at = priced_count  # bounds only grow and kth only falls: settled for good
         if next_quick <= min(next_floor, next_exact):
             # Refine the next quick bounds in this process (cheap; no executor involved).
@@ -995,7 +992,6 @@ def search(
         elif len(results) >= k:
             results.sort()
             kth = results[k - 1][0]
-        settle = max(kth, through)
         if hooks.progress is not None:
             hooks.progress("price", pos, len(order))
     unexamined = (
@@ -1023,7 +1019,7 @@ def search(
         priced=priced_count,
         priced_for_baseline=None
         if settings.rank_through_s is None
-        else priced_count - (priced_count if settled_at is None else settled_at),
+        else (0 if settled_at is None else priced_count - settled_at),
         never_tried=enum.never_tried(settings.space),
         distinct=True if settings.distinct else None,
         seconds=PhaseTimes(
@@ -1072,9 +1068,11 @@ def place_in_ranking(
     if ahead is None:
         mark = (own_priced.step_s, own_priced.peak_bytes)
         ahead = sum(1 for _, p in ranking if (p.step_s, p.peak_bytes) < mark)
-    grids = {tuple(cand[f] for f in FIELDS[:6]) for cand, _ in ranking[:ahead]}
-    grids.discard(tuple(own[f] for f in FIELDS[:6]))
-    return ahead + 1, len(grids)
+
+    def grid(cand: dict[str, Any]) -> tuple[int, ...]:
+        return tuple(cand[f] for f in FIELDS[:6])  # as shape_of: tp, pp, cp, dp, ep, etp
+
+    return ahead + 1, len({grid(cand) for cand, _ in ranking[:ahead]} - {grid(own)})
 
 
 @dataclass(frozen=True)
