@@ -20,7 +20,13 @@ from ndplan.core.balance import balance as run_balance
 from ndplan.core.calibration import Calibration
 from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InfeasibleError, InvalidInputError, PluginError, field_error
+from ndplan.core.errors import (
+    BaselineError,
+    InfeasibleError,
+    InvalidInputError,
+    PluginError,
+    field_error,
+)
 from ndplan.core.frameworks import FRAMEWORKS
 from ndplan.core.job import Job
 from ndplan.core.kernels.knapsack import DEFAULT_BUCKET_BYTES
@@ -280,7 +286,7 @@ class Planner:
             except InfeasibleError as exc:
                 own_miss = str(exc)
             except (InvalidInputError, ValueError) as exc:
-                raise InvalidInputError(f"baseline: {field_error(exc)}") from None
+                raise BaselineError(field_error(exc)) from None
         settings = SearchSettings(
             space=space,
             top_k=top_k,

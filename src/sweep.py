@@ -21,7 +21,7 @@ from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.calibration import Calibration
 from ndplan.core.cluster import Cluster, DeviceSpec
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InfeasibleError, InvalidInputError, NdplanError
+from ndplan.core.errors import InfeasibleError, InvalidInputError, NdplanError, field_error
 from ndplan.core.job import Job
 from ndplan.core.layout import SearchSpace, layers_per_chunk_text
 from ndplan.core.model import ModelSpec
@@ -167,9 +167,7 @@ def run_scenario(planner: Any, scenario: Scenario, recipe: SweepRecipe) -> dict:
     except InvalidInputError as exc:
         return _row(scenario, "invalid", reason=str(exc))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ()))
-        return _row(scenario, "invalid", reason=f"{where}: {err.get('msg')}")
+        return _row(scenario, "invalid", reason=field_error(exc))
     except NdplanError as exc:
         raise type(exc)(f"scenario {scenario.label}: {exc}") from exc
     except Exception as exc:

@@ -25,7 +25,7 @@ from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
 from ndplan.core.context import default_split, mtp_room_splits_evenly
 from ndplan.core.counting import count_flops
-from ndplan.core.errors import InvalidInputError, NdplanError
+from ndplan.core.errors import InvalidInputError, NdplanError, field_error
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout
 from ndplan.core.model import DenseFFN, ModelSpec, MoEFFN, StandardAttention
@@ -449,7 +449,7 @@ class RunInterpreter:
                 ),
             )
         except ValidationError as exc:
-            return skip(f"layout: {exc.errors()[0].get('msg')}")
+            return skip(f"layout: {field_error(exc)}")
         if whole_every is not None:
             assumed.append(
                 f"layer-level AC: one layer in {whole_every} recomputed whole (torchtitan's default)"

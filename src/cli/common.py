@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.errors import InvalidInputError, did_you_mean
+from ndplan.core.errors import InvalidInputError, did_you_mean, field_error
 from ndplan.core.job import Job
 from ndplan.core.units import GiB
 from ndplan.planner import Planner, PricingOptions
@@ -249,8 +249,7 @@ class JobInputs:
                 **{**from_file, **stated},
             )
         except ValidationError as exc:
-            err = exc.errors()[0]
-            field = ".".join(str(p) for p in err.get("loc", ()))
+            field = ".".join(str(p) for p in exc.errors()[0].get("loc", ()))
             if field in from_file and field not in stated:
                 where = f"{self.file}: {field}"
             else:
@@ -267,9 +266,7 @@ class JobInputs:
                     "wgrad_deferral_limit": "--wgrad-deferral-limit",
                     "document_tokens": "--document-tokens",
                 }.get(field, field)
-            raise InvalidInputError(
-                f"{where}: {err.get('msg', '').removeprefix('Value error, ')} (got {err.get('input')!r})"
-            ) from None
+            raise InvalidInputError(field_error(exc, where)) from None
 
 
 SP_AT_TP_1 = (

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from ndplan.adapters.exporters.megatron import pipeline_layout
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InvalidInputError
+from ndplan.core.errors import InvalidInputError, field_error
 from ndplan.core.layout import Layout
 from ndplan.core.plan import BalanceResult, Plan
 from ndplan.planner import PricingOptions
@@ -100,8 +100,7 @@ def layout_from_flags(
             offload_optimizer=offload,
         )
     except ValidationError as exc:
-        msg = exc.errors()[0].get("msg", str(exc))
-        raise InvalidInputError(f"layout: {msg.removeprefix('Value error, ')}") from None
+        raise InvalidInputError(f"layout: {field_error(exc)}") from None
 
 
 def parse_layers_per_chunk(text: str, layout: Layout, pctx: PricingContext) -> tuple[int, ...]:

@@ -16,7 +16,13 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from ndplan.core.errors import InfeasibleError, InvalidInputError, did_you_mean, field_error
+from ndplan.core.errors import (
+    BaselineError,
+    InfeasibleError,
+    InvalidInputError,
+    did_you_mean,
+    field_error,
+)
 from ndplan.core.frameworks import FrameworkTraits
 from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label
 from ndplan.core.plan import Plan, SearchResult, largest_difference
@@ -744,10 +750,8 @@ def search_cmd(
             for sink in sinks:
                 sink.close()
             raise
-        except InvalidInputError as exc:
-            if str(exc).startswith("baseline: "):  # named as the user gave it
-                raise InvalidInputError(f"--{exc}") from None
-            raise
+        except BaselineError as exc:  # named as the user gave it
+            raise InvalidInputError(f"--baseline: {exc.detail}") from None
         finally:
             if progress:
                 progress.stop()

@@ -42,6 +42,15 @@ class InvalidInputError(NdplanError, ValueError):
     exit_code = ExitCode.INVALID_INPUT
 
 
+class BaselineError(InvalidInputError):
+    """A stated baseline that is no layout of this search. ``detail`` is the reason, so
+    a caller names the baseline as its user gave it (the CLI's ``--baseline``)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"baseline: {detail}")
+        self.detail = detail
+
+
 class InfeasibleError(NdplanError):
     """No candidate fits: the message names the closest miss."""
 
@@ -68,12 +77,20 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f"; did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
 
 
-def field_error(exc: Exception) -> str:
-    """A pydantic validation error as one line: the field, the message and the value
-    given; any other error as it reads."""
+def field_error(exc: Exception, where: str | None = None) -> str:
+    """A pydantic validation error as one line: the field (or ``where``, when the caller
+    knows the flag or file the field came from), the message, and the value given when
+    it is a plain value (a whole mapping would swamp the line); any other error as it
+    reads. The one wording every reader, flag parser and file loader uses."""
     errors = getattr(exc, "errors", None)
     if not callable(errors):
         return str(exc)
     err = errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    return f"{where}: {err.get('msg')} (got {err.get('input')!r})"
+    field = ".".join(str(p) for p in err.get("loc", ()))
+    where = field if where is None else where
+    message = str(err.get("msg", exc)).removeprefix("Value error, ")
+    text = f"{where}: {message}" if where else message  # a model-level check names no field
+    given = err.get("input")
+    if field and (given is None or isinstance(given, str | int | float)):
+        text += f" (got {given!r})"
+    return text

@@ -15,7 +15,7 @@ import ndplan.core
 from ndplan.core.assumptions import Assumption, AssumptionRecorder
 from ndplan.core.base import Frozen
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.errors import ExitCode, InvalidInputError
+from ndplan.core.errors import ExitCode, InvalidInputError, field_error
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout, SearchSpace, check_layout
 from ndplan.core.model import DenseFFN, LayerKind, ModelSpec, MoEFFN, StandardAttention
@@ -355,3 +355,23 @@ def test_layout_label_names_the_degrees_it_needs() -> None:
     assert plain.label == "tp4 pp8×4 cp1 dp8 mbs1 z1"
     moe = Layout(dp=4, tp=2, ep=8, mbs=2, num_microbatches=8, zero=3, offload_optimizer=True)
     assert moe.label == "tp2 pp1 cp1 ep8 dp4 mbs2 z3 off"
+
+
+def test_a_validation_error_reads_as_one_line_naming_the_field() -> None:
+    """The one wording of a pydantic error: field, message, and the value given when it
+    is a plain value; a caller may name the field as its user gave it; a whole-model
+    check names no field; any other error reads as it is."""
+    with pytest.raises(ValidationError) as bad_value:
+        Job(global_batch_size=8, seq_length=0)
+    assert field_error(bad_value.value) == (
+        "seq_length: Input should be greater than or equal to 1 (got 0)"
+    )
+    assert field_error(bad_value.value, "--seq-len").startswith("--seq-len: Input should")
+    with pytest.raises(ValidationError) as missing:
+        Job.model_validate({"seq_length": 8})
+    assert field_error(missing.value) == "global_batch_size: Field required"
+    with pytest.raises(ValidationError) as whole:
+        Layout(pp=1, vpp=2)
+    text = field_error(whole.value)
+    assert not text.startswith((":", "Value error")) and "(got" not in text
+    assert field_error(ValueError("plain")) == "plain"

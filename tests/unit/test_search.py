@@ -25,7 +25,7 @@ from ndplan.adapters.sinks.files import CsvSink, JsonLinesSink
 from ndplan.bootstrap import bootstrap
 from ndplan.core import search as core_search
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InfeasibleError, InvalidInputError
+from ndplan.core.errors import BaselineError, InfeasibleError, InvalidInputError
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout, SearchSpace
 from ndplan.core.model import MoEFFN
@@ -919,3 +919,14 @@ def test_one_replica_is_ranked_under_one_zero_stage(planner, tiny) -> None:
     # ... but with etp 1 each expert is replicated over the two TP ranks.
     enum = enumerate_candidates(moe, space.model_copy(update={"etp": (1,)}))
     assert {c[9] for c in enum.candidates} == {0, 1, 3}
+
+
+def test_a_baseline_no_layout_has_is_a_baseline_error(planner) -> None:
+    """A library caller learns the stated baseline is at fault from the type: a
+    BaselineError (an InvalidInputError) whose detail a front end can name its own way."""
+    ctx, _ = make_ctx(planner, "llama-3-8b", 8, 8, 4096)
+    with pytest.raises(BaselineError) as caught:
+        planner.search(ctx, SearchSpace(recompute=("full",)), top_k=1, baseline={"tp": 3})
+    assert isinstance(caught.value, InvalidInputError)
+    assert str(caught.value) == f"baseline: {caught.value.detail}"
+    assert "no layout of 8 devices" in caught.value.detail

@@ -13,7 +13,7 @@ from typing import NoReturn, Protocol
 from pydantic import ValidationError
 
 from ndplan.core.calibration import Calibration
-from ndplan.core.errors import InvalidInputError
+from ndplan.core.errors import InvalidInputError, field_error
 
 SHIPPED = "calibration.json"
 
@@ -46,10 +46,8 @@ def load_calibration(path: Path | None) -> Calibration:
             f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})"
         ) from None
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err.get("loc", ()))
         raise InvalidInputError(
-            f"{path}: {where}: {err.get('msg')}; see `ndplan schema Calibration`"
+            f"{path}: {field_error(exc)}; see `ndplan schema Calibration`"
         ) from None
 
 

@@ -11,19 +11,12 @@ import yaml
 from pydantic import ValidationError
 
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.errors import InvalidInputError
+from ndplan.core.errors import InvalidInputError, field_error
 
 DATA_PACKAGE = "ndplan.adapters.devices.data"
 _BUILTIN_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 """libyaml's safe loader where PyYAML was built with it: every command reads all the
 built-in device files, and the pure-Python loader spent ~50 ms of each start on them."""
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ()))
-    message = err.get("msg", "").removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message  # a model-level check has no field
 
 
 LISTING_FIELDS = ("registered_by", "replaced")
@@ -47,7 +40,7 @@ def parse_devices(data: Any, origin: str) -> list[DeviceSpec]:
             devices.append(DeviceSpec.model_validate(fields))
         except ValidationError as exc:
             ident = item.get("id", f"#{i}")
-            raise InvalidInputError(f"{origin}: device '{ident}': {_first_error(exc)}") from None
+            raise InvalidInputError(f"{origin}: device '{ident}': {field_error(exc)}") from None
     return devices
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
-from ndplan.core.errors import InvalidInputError
+from ndplan.core.errors import InvalidInputError, field_error
 from ndplan.core.model import (
     DenseFFN,
     LatentAttention,
@@ -348,14 +348,7 @@ def read_hf_config(
             source=meta.get("source") or origin,
         )
     except ValidationError as exc:
-        raise InvalidInputError(f"{origin}: {_first_error(exc)}") from None
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err.get("loc", ()) if not isinstance(p, int))
-    msg = err.get("msg", str(exc)).removeprefix("Value error, ")
-    return f"{where}: {msg}" if where else msg
+        raise InvalidInputError(f"{origin}: {field_error(exc)}") from None
 
 
 def _guess_name(raw: Mapping[str, Any], origin: str) -> str:
@@ -585,7 +578,7 @@ def _layer_kind(
             norms_per_layer=4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2,
         )
     except ValidationError as exc:
-        raise InvalidInputError(f"{cfg.origin}: {_first_error(exc)}") from None
+        raise InvalidInputError(f"{cfg.origin}: {field_error(exc)}") from None
 
 
 def _named(kinds: Iterable[LayerKind]) -> list[LayerKind]:
