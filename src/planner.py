@@ -162,7 +162,12 @@ class Planner:
         (spec: the search's last step). Pipelined plans of frameworks that place layers
         unevenly take the balancer's placement where it is faster; the order is then step
         time, peak memory and the search's own rank; a placement two plans reach is
-        kept once. Serial and deterministic, whatever executor the search ran on."""
+        kept once. Serial and deterministic, whatever executor the search ran on.
+
+        A result that places a baseline is refused: re-ranking only the top K would leave
+        the baseline's rank, gap and parts measured against plans no longer listed."""
+        if result.baseline is not None:
+            raise BaselineError(REBALANCE_CONFLICT)
         pricer = self.pricer(ctx, options)
         uneven = ctx.framework.uneven_pipeline
         moved = 0
@@ -311,6 +316,12 @@ class Planner:
                 }
             )
         return replace(outcome, result=outcome.result.model_copy(update={"baseline": placed}))
+
+
+REBALANCE_CONFLICT = (
+    "not with rebalancing (it re-ranks only the top K, so the baseline's rank and gap would "
+    "be against plans no longer listed); balance a layout with `ndplan balance`"
+)
 
 
 def validate_layout(ctx: PricingContext, layout: Layout) -> None:

@@ -55,7 +55,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"ndplan {__version__}")
+        output.write_stdout(f"ndplan {__version__}\n")  # a closed pipe is no error here either
         raise typer.Exit()
 
 

@@ -27,7 +27,7 @@ from ndplan.core.frameworks import FrameworkTraits
 from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label
 from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.search import FIELDS, SearchOutcome
-from ndplan.planner import PricingOptions
+from ndplan.planner import REBALANCE_CONFLICT, PricingOptions
 
 from .common import (
     SP_AT_TP_1,
@@ -574,7 +574,7 @@ def search_cmd(
             help="A layout you run today, placed in the ranking: its degrees as "
             "tp=4,pp=8,vpp=5 (the others searched), or a YAML/JSON file of them or of one "
             "plan (`estimate --json`). Prints its exact rank, its gap to the best and its "
-            "step-time parts beside the best plan's; --json adds `baseline`.",
+            "step-time parts beside the best plan's; --json adds `baseline`. Not with --rebalance.",
             show_default=False,
         ),
     ] = None,
@@ -714,6 +714,10 @@ def search_cmd(
         )
         if sp and space.tp == (1,):  # as Megatron does, with a word
             note(SP_AT_TP_1, warning=True)
+        if baseline and rebalance:  # refused before the search runs
+            raise InvalidInputError(
+                "--baseline: " + REBALANCE_CONFLICT.replace("rebalancing", "--rebalance")
+            )
         stated = baseline_values(baseline, pctx.job.global_batch_size) if baseline else None
         sinks = []
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now

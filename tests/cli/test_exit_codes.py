@@ -358,7 +358,9 @@ def test_the_console_script_exit_codes() -> None:
 
 
 @pytest.mark.parametrize(
-    "argv", [["models"], ["models", "--json"], ["schema", "Job"]], ids=["table", "json", "schema"]
+    "argv",
+    [["models"], ["models", "--json"], ["schema", "Job"], ["--version"]],
+    ids=["table", "json", "schema", "version"],
 )
 def test_a_reader_that_leaves_early_is_not_an_error(argv: list[str]) -> None:
     """``ndplan models | head -1``: the reader closes the pipe; the command stops writing

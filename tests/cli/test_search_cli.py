@@ -18,7 +18,9 @@ import pytest
 from ndplan.cli import output
 from ndplan.cli.app import run
 from ndplan.cli.render import near_tie_note, unfilled_pipeline_warning
-from ndplan.core.layout import Layout, layout_label
+from ndplan.core.errors import BaselineError
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout, SearchSpace, layout_label
 from ndplan.core.search import FIELDS, SearchPricing
 from ndplan.planner import Planner
 
@@ -1059,3 +1061,24 @@ def test_a_bad_baseline_is_invalid_input(capsys, tmp_path: Path, monkeypatch, ba
     Path("batch.json").write_text('{"tp": 1, "dp": 8, "mbs": 1, "num_microbatches": 3}')
     code, out, err = invoke(capsys, "search", *SMALL, "--baseline", baseline)
     assert code == 3 and says in one_error_line(err) and out == ""
+
+
+def test_a_baseline_is_not_placed_among_rebalanced_plans(capsys, tmp_path: Path) -> None:
+    """--rebalance re-ranks only the top K, so a baseline's exact rank and gap would be
+    against plans no longer listed: the pair is refused before the search runs, with no
+    output file; the library's rebalance refuses a result that places a baseline."""
+    out = tmp_path / "ranking.csv"
+    argv = ("--baseline", "tp=2", "--rebalance", "--ranking-csv", str(out))
+    code, stdout_text, err = invoke(capsys, "search", *SMALL, *argv)
+    assert code == 3 and stdout_text == "" and not out.exists()
+    assert one_error_line(err).startswith("ndplan: error: --baseline: not with --rebalance (")
+    planner = Planner()
+    ctx = planner.context(
+        planner.model("llama-3-8b"),
+        planner.device("h100"),
+        8,
+        Job(global_batch_size=32, seq_length=4096),
+    )
+    outcome = planner.search(ctx, SearchSpace(recompute=("full",)), top_k=2, baseline={"tp": 2})
+    with pytest.raises(BaselineError, match="not with rebalancing"):
+        planner.rebalance(ctx, outcome.result)
