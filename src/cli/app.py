@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import sys
 import traceback
 from typing import Annotated
@@ -138,10 +139,58 @@ def join_vary_words(argv: list[str]) -> list[str]:
     return out
 
 
+ROOT_FLAG = re.compile(r"-(v+|q+)|--verbose|--quiet")
+"""The root's verbosity flags as they may follow the command (``-qq`` counts twice)."""
+
+
+def _options_taking_values(command) -> tuple[set[str], set[str]]:
+    """(names of ``command``'s options that take a value, all its option names). Duck-typed:
+    typer may bring its own copy of click (see ``_usage_error_types``)."""
+    options = [p for p in command.params if p.param_type_name == "option"]
+    every = {name for p in options for name in (*p.opts, *p.secondary_opts)}
+    valued = {name for p in options if not (p.is_flag or p.count) for name in p.opts}
+    return valued, every
+
+
+def hoist_root_flags(argv: list[str]) -> list[str]:
+    """``ndplan search … -q`` as users type it: the root's -v/-q given after the command
+    move to the front (click takes a group's options only before its command). The value
+    of a command's option stays (``--space -q`` names a file), so does a flag the command
+    defines itself, and so does everything after ``--``."""
+    if not any(ROOT_FLAG.fullmatch(word) for word in argv):
+        return argv  # the common case, without building the command tree
+    command = typer.main.get_command(app)
+    valued, own = _options_taking_values(command)
+    kept: list[str] = []
+    hoisted: list[str] = []
+    in_command = False
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            kept.extend(argv[i:])
+            break
+        if word in valued:
+            kept.extend(argv[i : i + 2])
+            i += 2
+            continue
+        if word in getattr(command, "commands", ()):  # a (sub)command of a group
+            command = command.commands[word]
+            valued, own = _options_taking_values(command)
+            in_command = True
+            kept.append(word)
+        elif in_command and word not in own and ROOT_FLAG.fullmatch(word):
+            hoisted.append(word)
+        else:
+            kept.append(word)
+        i += 1
+    return hoisted + kept
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; never raises (NDPLAN_DEBUG=1 adds tracebacks)."""
     debug = os.environ.get("NDPLAN_DEBUG") == "1"
-    argv = join_vary_words(list(sys.argv[1:] if argv is None else argv))
+    argv = hoist_root_flags(join_vary_words(list(sys.argv[1:] if argv is None else argv)))
     try:
         result = app(args=argv, prog_name="ndplan", standalone_mode=False)
     except typer.Exit as exc:

@@ -370,6 +370,22 @@ def test_quiet_drops_notes_then_warnings_but_never_errors(capsys) -> None:
     assert code == 3 and "--max-mem" in error_line(err)
 
 
+def test_verbosity_flags_may_follow_the_command(capsys) -> None:
+    """``ndplan search … -q`` as users type it reads as ``ndplan -q search …``; a -q that
+    is an option's value, or follows ``--``, is left to the command."""
+    argv = (*SMALL, "--json")
+    code, out, err = invoke(capsys, "search", *argv, "-q")
+    assert code == 0 and "assumed:" not in err
+    _, before, before_err = invoke(capsys, "-q", "search", *argv)
+    assert plans(out) == plans(before) and err == before_err
+    code, _, err = invoke(capsys, "search", *argv, "-v", "-qq")  # -v and -qq: net -q
+    assert code == 0 and "assumed:" not in err
+    code, _, err = invoke(capsys, "search", *argv, "--space", "-q")
+    assert code == 3 and "-q: cannot read the search-space file" in error_line(err)
+    code, _, err = invoke(capsys, "search", *argv, "--", "-q")
+    assert code == 2 and "-q" in err
+
+
 def test_more_workers_than_cores_is_honoured_with_a_warning(
     capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
