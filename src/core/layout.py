@@ -17,12 +17,14 @@ DIMENSIONS = ("DP", "TP", "PP", "CP", "EP", "VPP", "MBS", "ZERO", "SP", "RECOMPU
 
 def layout_label(values: Mapping[str, Any]) -> str:
     """The degrees in one short line (``tp4 pp8×4 cp2 dp2 mbs1 z1``) for tables and notes;
-    takes a layout's fields or a search candidate's mapping of them."""
+    takes a layout's fields or a search candidate's mapping of them. DualPipeV reads
+    ``pp4v``, as the search table writes it: its two chunks per stage are no VPP."""
     vpp = values.get("vpp", 1)
     ep = values.get("ep", 1)
     return (
         f"tp{values['tp']} pp{values['pp']}"
         + (f"×{vpp}" if vpp > 1 else "")
+        + ("v" if values.get("schedule") == "dualpipev" else "")
         + f" cp{values['cp']}"
         + (f" ep{ep}" if ep > 1 else "")
         + f" dp{values['dp']} mbs{values['mbs']} z{values['zero']}"

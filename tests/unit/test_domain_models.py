@@ -355,6 +355,9 @@ def test_layout_label_names_the_degrees_it_needs() -> None:
     assert plain.label == "tp4 pp8×4 cp1 dp8 mbs1 z1"
     moe = Layout(dp=4, tp=2, ep=8, mbs=2, num_microbatches=8, zero=3, offload_optimizer=True)
     assert moe.label == "tp2 pp1 cp1 ep8 dp4 mbs2 z3 off"
+    # DualPipeV's two chunks per stage are its schedule, not a VPP: `v`, as the table has it.
+    v_shape = Layout(dp=4, pp=4, ep=4, mbs=1, num_microbatches=16, schedule="dualpipev")
+    assert v_shape.label == "tp1 pp4v cp1 ep4 dp4 mbs1 z0"
 
 
 def test_a_validation_error_reads_as_one_line_naming_the_field() -> None:
