@@ -146,6 +146,12 @@ class NdplanCostModel:
     def __init__(
         self, calibration: Calibration | None = None, order: tuple[str, ...] = DEFAULT_ORDER
     ) -> None:
+        if tuple(order[:2]) != ("tp", "cp") or sorted(order) != sorted(DEFAULT_ORDER):
+            # Per-layer costs are memoised on the degrees that shard a layer (layer_key),
+            # which leave out dp and pp: the TP and CP groups' links must not depend on them.
+            raise ValueError(
+                f"order {order!r}: place tp innermost, then cp, then dp and pp in either order"
+            )
         self.calibration = calibration
         self.order = order
         self._memory = NdplanMemoryModel()

@@ -1706,3 +1706,19 @@ def test_lora_hardware_flops_leave_out_the_weight_gradients() -> None:
     )
     assert lora.hfu == pytest.approx(lora.mfu * (1 - weight_share), rel=1e-9)
     assert lora.time.parts["optimizer"] == 0.0
+
+
+def test_a_placement_order_keeps_a_layers_groups_innermost() -> None:
+    """A layer's costs are memoised on the degrees that shard it, not dp or pp, so its TP
+    and CP groups must sit innermost: an order that puts dp or pp inside them (where the
+    CP group's links would change with dp) is refused; dp and pp may swap."""
+    for order in (("tp", "dp", "cp", "pp"), ("cp", "tp", "dp", "pp"), ("tp", "cp", "dp")):
+        with pytest.raises(ValueError, match="place tp innermost, then cp"):
+            NdplanCostModel(order=order)
+    model = NdplanCostModel(order=("tp", "cp", "pp", "dp"))
+    small, large = (
+        Layout(dp=dp, tp=4, cp=2, mbs=1, num_microbatches=8) for dp in (2, 16)
+    )  # 16 and 128 devices: the second spans H100 nodes with its dp
+    links = [model.links(make_ctx(lay), lay) for lay in (small, large)]
+    assert (links[0].tp, links[0].cp) == (links[1].tp, links[1].cp)
+    assert links[0].dp != links[1].dp
