@@ -20,7 +20,7 @@ import typer
 from ndplan import __version__
 from ndplan.core.errors import ExitCode, NdplanError
 
-from . import compare, estimate, info, models, output, search, sweep
+from . import compare, estimate, info, interrupts, models, output, search, sweep
 from .options import state
 
 
@@ -192,7 +192,9 @@ def run(argv: list[str] | None = None) -> int:
     debug = os.environ.get("NDPLAN_DEBUG") == "1"
     argv = hoist_root_flags(join_vary_words(list(sys.argv[1:] if argv is None else argv)))
     try:
-        result = app(args=argv, prog_name="ndplan", standalone_mode=False)
+        with interrupts.guarded():
+            result = app(args=argv, prog_name="ndplan", standalone_mode=False)
+            interrupts.check()  # a Ctrl-C that a C callback swallowed on the way
     except typer.Exit as exc:
         # Fix: typer turns Ctrl-C into Exit(130) (from the KeyboardInterrupt), which
         # returned 130 silently; say so in one line, as every other way out does.

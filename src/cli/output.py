@@ -20,6 +20,8 @@ from rich.table import Table
 from ndplan.adapters.files import replace_atomically
 from ndplan.core.errors import InvalidInputError
 
+from . import interrupts
+
 # Piped tables (`ndplan devices | grep h100`) must not be squeezed into rich's default
 # 80 columns, which truncates ids; a terminal (or $COLUMNS) still sets the width.
 _PIPE_WIDTH = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 200
@@ -62,6 +64,7 @@ def print_json(obj: Any) -> None:
 
 
 def write_stdout(text: str) -> None:
+    interrupts.check()
     try:
         sys.stdout.write(text)
         sys.stdout.flush()
@@ -127,6 +130,7 @@ def check_writable_folder(folder: Path, flag: str, given: Path) -> None:
 
 def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
     """Write ``text`` to ``path`` via a temporary file and a rename; never clobber without ``force``."""
+    interrupts.check()  # Ctrl-C means no result file, even one a C callback swallowed
     if path.exists() and not force:
         raise InvalidInputError(f"{path}: exists; pass --force to overwrite it")
     try:

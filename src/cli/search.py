@@ -29,6 +29,7 @@ from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.search import FIELDS, SearchOutcome
 from ndplan.planner import REBALANCE_CONFLICT, PricingOptions
 
+from . import interrupts
 from .common import (
     SP_AT_TP_1,
     ActivationOffloadOpt,
@@ -748,9 +749,11 @@ def search_cmd(
                 progress=progress.update if progress else None,
                 baseline=stated,
             )
+            interrupts.check()  # before the records are kept or anything is printed
         except InfeasibleError:
             # The search ran to its end: the records say why nothing fits (every
             # candidate over memory, by how much), which is what the folder is for.
+            interrupts.check()
             for sink in sinks:
                 sink.close()
             raise

@@ -2,11 +2,12 @@
 line, and no partial output — no ``--ranking-csv``, nothing in ``--debug-dir``, no
 temporary files, and an existing ranking file (``--force``) left as it was.
 
-The signal is sent ~1.5 s after pricing starts. Earlier, it can land while numba
-compiles a kernel, inside llvmlite's ctypes callback, where Python prints "Exception
-ignored ..." and drops the KeyboardInterrupt: the search then runs to the end (exit 0).
-That is numba/llvmlite's, not ndplan's; a Ctrl-C inside a compiled kernel, by contrast,
-surfaces as a SystemError caused by the interrupt, which the CLI now maps to 130."""
+The signal is sent ~1.5 s after pricing starts. A Ctrl-C that lands while numba compiles
+a kernel (a fresh clone's cold cache) is raised inside llvmlite's ctypes callback, where
+Python drops it; the CLI records the signal and stops all the same (``cli.interrupts``),
+which the last test pins with a plugin that drops one on purpose. A Ctrl-C inside a
+compiled kernel surfaces as a SystemError caused by the interrupt, which the CLI maps to
+130."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import default_sigint
+from cli_runs import cli_env, default_sigint
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 MAIN = "from ndplan.cli.app import main; main()"
 # An unpruned search that prices for ~10 s in one process (interrupted after ~1.5 s).
@@ -80,4 +83,30 @@ def test_ctrl_c_leaves_an_existing_ranking_file_as_it_was(tmp_path: Path) -> Non
     done = interrupt(tmp_path, "--ranking-csv", str(ranking), "--force")
     assert done.returncode == 130, done.stderr
     assert ranking.read_text(encoding="utf-8") == "an earlier ranking\n"
+    assert not no_temporaries(tmp_path)
+
+
+def test_ctrl_c_that_python_drops_still_stops_the_search(tmp_path: Path) -> None:
+    """Fix: a Ctrl-C raised inside a C callback (llvmlite's, while numba compiles) was
+    dropped, and the search ran on to exit 0 and wrote its files (a fresh clone's CI run
+    failed the test above this way). The plugin drops one on purpose during enumeration:
+    the command still exits 130, with one line and no file."""
+    ranking = tmp_path / "ranking.csv"
+    debug = tmp_path / "debug"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-c", MAIN, "-p", "swallowed_interrupt", *LONG[:11], "-j", "1"),
+            *("--ranking-csv", str(ranking), "--debug-dir", str(debug)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**cli_env(), "PYTHONPATH": str(PLUGINS)},
+        preexec_fn=default_sigint,
+    )
+    assert done.returncode == 130, done.stderr
+    assert done.stdout == ""
+    assert done.stderr.strip().splitlines() == ["ndplan: error: interrupted"]
+    assert not ranking.exists()
+    assert not [p for p in debug.rglob("*")], "a debug file was written"
     assert not no_temporaries(tmp_path)
