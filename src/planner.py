@@ -167,7 +167,7 @@ class Planner:
         A result that places a baseline is refused: re-ranking only the top K would leave
         the baseline's rank, gap and parts measured against plans no longer listed."""
         if result.baseline is not None:
-            raise BaselineError(REBALANCE_CONFLICT)
+            raise BaselineError(REBALANCE_CONFLICT.format(rebalancing="rebalancing"))
         pricer = self.pricer(ctx, options)
         uneven = ctx.framework.uneven_pipeline
         moved = 0
@@ -319,9 +319,10 @@ class Planner:
 
 
 REBALANCE_CONFLICT = (
-    "not with rebalancing (it re-ranks only the top K, so the baseline's rank and gap would "
-    "be against plans no longer listed); balance a layout with `ndplan balance`"
+    "not with {rebalancing} (it re-ranks only the top K, so the baseline's rank and gap "
+    "would be against plans no longer listed); balance a layout with `ndplan balance`"
 )
+"""Why a baseline and rebalancing do not combine; ``{rebalancing}`` names the option."""
 
 
 def validate_layout(ctx: PricingContext, layout: Layout) -> None:

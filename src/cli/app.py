@@ -159,11 +159,10 @@ def hoist_root_flags(argv: list[str]) -> list[str]:
     defines itself, and so does everything after ``--``."""
     if not any(ROOT_FLAG.fullmatch(word) for word in argv):
         return argv  # the common case, without building the command tree
-    command = typer.main.get_command(app)
+    root = command = typer.main.get_command(app)
     valued, own = _options_taking_values(command)
     kept: list[str] = []
     hoisted: list[str] = []
-    in_command = False
     i = 0
     while i < len(argv):
         word = argv[i]
@@ -177,9 +176,8 @@ def hoist_root_flags(argv: list[str]) -> list[str]:
         if word in getattr(command, "commands", ()):  # a (sub)command of a group
             command = command.commands[word]
             valued, own = _options_taking_values(command)
-            in_command = True
             kept.append(word)
-        elif in_command and word not in own and ROOT_FLAG.fullmatch(word):
+        elif command is not root and word not in own and ROOT_FLAG.fullmatch(word):
             hoisted.append(word)
         else:
             kept.append(word)

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.errors import InvalidInputError, did_you_mean, field_error
+from ndplan.core.errors import InvalidInputError, did_you_mean, error_field, field_error
 from ndplan.core.job import Job
 from ndplan.core.units import GiB
 from ndplan.planner import Planner, PricingOptions
@@ -249,7 +249,7 @@ class JobInputs:
                 **{**from_file, **stated},
             )
         except ValidationError as exc:
-            field = ".".join(str(p) for p in exc.errors()[0].get("loc", ()))
+            field = error_field(exc)
             if field in from_file and field not in stated:
                 where = f"{self.file}: {field}"
             else:

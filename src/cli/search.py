@@ -717,7 +717,7 @@ def search_cmd(
             note(SP_AT_TP_1, warning=True)
         if baseline and rebalance:  # refused before the search runs
             raise InvalidInputError(
-                "--baseline: " + REBALANCE_CONFLICT.replace("rebalancing", "--rebalance")
+                "--baseline: " + REBALANCE_CONFLICT.format(rebalancing="--rebalance")
             )
         stated = baseline_values(baseline, pctx.job.global_batch_size) if baseline else None
         sinks = []
@@ -735,6 +735,12 @@ def search_cmd(
                         f"--debug-dir {debug_dir}: cannot write there ({exc.strerror or exc})"
                     ) from None
         progress = _progress()
+
+        def keep_records() -> None:
+            interrupts.check()  # an interrupted search keeps none, even if Python dropped it
+            for sink in sinks:
+                sink.close()
+
         try:
             outcome = planner.search(
                 pctx,
@@ -749,21 +755,17 @@ def search_cmd(
                 progress=progress.update if progress else None,
                 baseline=stated,
             )
-            interrupts.check()  # before the records are kept or anything is printed
         except InfeasibleError:
             # The search ran to its end: the records say why nothing fits (every
             # candidate over memory, by how much), which is what the folder is for.
-            interrupts.check()
-            for sink in sinks:
-                sink.close()
+            keep_records()
             raise
         except BaselineError as exc:  # named as the user gave it
             raise InvalidInputError(f"--baseline: {exc.detail}") from None
         finally:
             if progress:
                 progress.stop()
-        for sink in sinks:
-            sink.close()
+        keep_records()  # before anything is written or printed
         result = outcome.result
         if rebalance:
             result = planner.rebalance(pctx, result, options)

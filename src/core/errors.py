@@ -77,6 +77,15 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f"; did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
 
 
+def error_field(exc: Exception) -> str:
+    """The dotted path of the field a pydantic error's first complaint is about ("" for a
+    whole-model check or any other error)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return ""
+    return ".".join(str(p) for p in errors()[0].get("loc", ()))
+
+
 def field_error(exc: Exception, where: str | None = None) -> str:
     """A pydantic validation error as one line: the field (or ``where``, when the caller
     knows the flag or file the field came from), the message, and the value given when
@@ -86,7 +95,7 @@ def field_error(exc: Exception, where: str | None = None) -> str:
     if not callable(errors):
         return str(exc)
     err = errors()[0]
-    field = ".".join(str(p) for p in err.get("loc", ()))
+    field = error_field(exc)
     where = field if where is None else where
     message = str(err.get("msg", exc)).removeprefix("Value error, ")
     text = f"{where}: {message}" if where else message  # a model-level check names no field
