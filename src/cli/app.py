@@ -204,6 +204,10 @@ def run(argv: list[str] | None = None) -> int:
     except _usage_error_types() as exc:  # malformed flags: click's own message and exit 2
         exc.show()  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
+    except output.StdoutFailed as exc:
+        output.drop_unwritten_stdout()
+        _stdout_to_devnull()  # the interpreter's last flush would meet the same failure
+        return _fail(str(exc), exc.exit_code)
     except NdplanError as exc:
         if _interrupted(exc):
             return _fail("interrupted", ExitCode.INTERRUPTED)

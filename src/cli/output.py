@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from ndplan.adapters.files import replace_atomically
+from ndplan.adapters.files import is_stream, replace_atomically, write_into
 from ndplan.core.errors import InvalidInputError
 
 from . import interrupts
@@ -34,13 +34,49 @@ class OutputClosed(Exception):
     click lets it through."""
 
 
+class StdoutFailed(InvalidInputError):
+    """stdout cannot take the result (a full disk, a terminal that went away): one line
+    and exit 3, as for a result file that cannot be written; it is not ndplan's bug, so
+    not the internal error (exit 5) an OSError would otherwise be."""
+
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(f"standard output: cannot write to it ({exc.strerror or exc})")
+
+
+class _Stdout:
+    """``sys.stdout`` as the result's writers see it (rich's console and ``write_stdout``):
+    a failed write or flush is ``StdoutFailed``, except a closed pipe, which each writer
+    turns into ``OutputClosed``. Looked up on every call, so a replaced stdout (tests)
+    is the one written."""
+
+    def write(self, text: str) -> int:
+        try:
+            return sys.stdout.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutFailed(exc) from None
+
+    def flush(self) -> None:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise StdoutFailed(exc) from None
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding: stdout's own
+        return getattr(sys.stdout, name)
+
+
 class _Console(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
         raise OutputClosed
 
 
-stdout = _Console(highlight=False, soft_wrap=False, width=_PIPE_WIDTH)
+_stdout = _Stdout()
+stdout = _Console(file=_stdout, highlight=False, soft_wrap=False, width=_PIPE_WIDTH)  # type: ignore[arg-type]
 stderr = _Console(stderr=True, highlight=False)
 
 
@@ -66,10 +102,18 @@ def print_json(obj: Any) -> None:
 def write_stdout(text: str) -> None:
     interrupts.check()
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        _stdout.write(text)
+        _stdout.flush()
     except BrokenPipeError:
         raise OutputClosed from None
+
+
+def drop_unwritten_stdout() -> None:
+    """Forget what the console could not write (``StdoutFailed``), so that a later
+    command in this process (a test, a library caller's ``run``) does not print it first."""
+    was_quiet, stdout.quiet = stdout.quiet, True
+    stdout.print(end="")  # a quiet console empties its buffer instead of writing it
+    stdout.quiet = was_quiet
 
 
 def table(
@@ -112,6 +156,10 @@ def check_output_file(path: Path, flag: str, *, force: bool) -> None:
         raise InvalidInputError(f"{flag} -: give a file path (the result is on stdout)")
     if path.is_dir():
         raise InvalidInputError(f"{flag} {path}: is a folder; give a file path")
+    if is_stream(path):  # /dev/stdout, a pipe: written into, so nothing to overwrite
+        if not os.access(path, os.W_OK):
+            raise InvalidInputError(f"{flag} {path}: cannot write to it; give another path")
+        return
     if path.exists() and not force:
         raise InvalidInputError(f"{flag} {path}: exists; pass --force to overwrite it")
     check_writable_folder(path.parent, flag, path)
@@ -129,11 +177,16 @@ def check_writable_folder(folder: Path, flag: str, given: Path) -> None:
 
 
 def write_atomic(path: Path, text: str, *, force: bool = False) -> None:
-    """Write ``text`` to ``path`` via a temporary file and a rename; never clobber without ``force``."""
+    """Write ``text`` to ``path`` via a temporary file and a rename; never clobber without
+    ``force``. A stream (a pipe, ``/dev/stdout``) is written into instead."""
     interrupts.check()  # Ctrl-C means no result file, even one a C callback swallowed
-    if path.exists() and not force:
+    stream = is_stream(path)
+    if path.exists() and not stream and not force:
         raise InvalidInputError(f"{path}: exists; pass --force to overwrite it")
     try:
+        if stream:
+            write_into(path, text)
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         replace_atomically(path, text)
     except OSError as exc:  # checked up front; a disk that fills or a folder that vanishes

@@ -7,6 +7,7 @@ only with NDPLAN_DEBUG=1.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -379,3 +380,39 @@ def test_a_reader_that_leaves_early_is_not_an_error(argv: list[str]) -> None:
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (0, "")
+
+
+class _FullDisk:
+    """A stdout on a full disk: every write fails as the kernel's ENOSPC does."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def isatty(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize(
+    "argv", [["models"], ["models", "--json"], ["--version"]], ids=["table", "json", "version"]
+)
+def test_a_stdout_that_cannot_be_written_is_one_line_not_an_internal_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, argv: list[str]
+) -> None:
+    """``ndplan models > /dev/full``: before, exit 5 and "internal error: OSError …
+    (rerun with NDPLAN_DEBUG=1 …)", as if ndplan had a bug; a full disk is the output's
+    own failure, as for a result file (exit 3)."""
+    monkeypatch.setattr(sys, "stdout", _FullDisk())
+    code = run(argv)
+    err = capsys.readouterr().err
+    assert code == ExitCode.INVALID_INPUT
+    assert one_error_line(err) == (
+        "ndplan: error: standard output: cannot write to it (No space left on device)"
+    )
+    monkeypatch.undo()  # a writable stdout: the next command prints only its own output
+    assert run(argv) == 0
+    once = capsys.readouterr().out
+    assert run(argv) == 0
+    assert capsys.readouterr().out == once and once

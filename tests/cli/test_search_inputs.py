@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,67 @@ def test_an_output_path_that_is_a_folder_is_refused_even_with_force(capsys, tmp_
     code, out, err = invoke(capsys, "search", *SMALL, "--ranking-csv", str(tmp_path), "--force")
     assert code == 3 and out == ""
     assert f"--ranking-csv {tmp_path}: is a folder; give a file path" in error_line(err)
+
+
+def test_a_symlinked_output_replaces_the_file_it_names_and_keeps_the_link(
+    capsys, tmp_path: Path
+) -> None:
+    """Before, the rename replaced the link itself with a new file, and the file it named
+    kept the old ranking: the user's link silently stopped meaning anything."""
+    target = tmp_path / "runs" / "ranking.csv"
+    target.parent.mkdir()
+    target.write_text("old\n", encoding="utf-8")
+    link = tmp_path / "ranking.csv"
+    link.symlink_to(target)
+    code, _, err = invoke(capsys, "search", *SMALL, "--ranking-csv", str(link), "--json")
+    assert code == 3 and "pass --force" in error_line(err)
+    assert target.read_text(encoding="utf-8") == "old\n"
+    code, _, err = invoke(capsys, "search", *SMALL, "--ranking-csv", str(link), "--json", "--force")
+    assert code == 0, err
+    assert link.is_symlink() and link.resolve() == target.resolve()
+    assert target.read_text(encoding="utf-8").startswith("rank,")
+    assert sorted(p.name for p in target.parent.iterdir()) == ["ranking.csv"]  # no temp file
+
+
+def test_a_pipe_as_output_is_written_into_without_force(capsys, tmp_path: Path) -> None:
+    """``--ranking-csv >(gzip > r.csv.gz)`` or ``/dev/stdout``: a stream is written into.
+    Before, it needed --force, and then a file renamed over it replaced the pipe (as
+    root, ``/dev/null`` itself) while the reader got nothing."""
+    fifo = tmp_path / "ranking.fifo"
+    os.mkfifo(fifo)
+    # The reader is open before the command starts, so the command's open never waits
+    # for one; it drains the pipe until the command has returned, so no write waits.
+    read_end = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    finished = threading.Event()
+    chunks: list[bytes] = []
+
+    def drain() -> None:
+        while True:
+            try:
+                chunk = os.read(read_end, 1 << 16)
+            except BlockingIOError:
+                chunk = None
+            if chunk:
+                chunks.append(chunk)
+            elif finished.is_set():
+                return
+            else:
+                finished.wait(0.01)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        code, out, err = invoke(capsys, "search", *SMALL, "--ranking-csv", str(fifo), "--json")
+    finally:
+        finished.set()
+        reader.join(timeout=30)
+        os.close(read_end)
+    received = [b"".join(chunks).decode("utf-8")]
+    assert code == 0, err
+    plans = json.loads(out)["plans"]
+    rows = list(csv.DictReader(received[0].splitlines()))
+    assert [r["rank"] for r in rows[: len(plans)]] == [str(p["rank"]) for p in plans]
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["ranking.fifo"]
 
 
 def test_a_dash_is_not_a_ranking_csv_path(capsys, tmp_path: Path, monkeypatch) -> None:
