@@ -470,7 +470,14 @@ def search_cmd(
         int | None, typer.Option("--ep", min=1, help="Fix EP.", show_default=False)
     ] = None,
     etp: Annotated[
-        int | None, typer.Option("--etp", min=1, help="Fix expert TP.", show_default=False)
+        int | None,
+        typer.Option(
+            "--etp",
+            min=1,
+            help="Fix expert TP. Free, it is TP's own, or where EP reaches into the TP "
+            "ranks the widest that leaves EP room (1 at full span).",
+            show_default=False,
+        ),
     ] = None,
     vpp: Annotated[
         int | None, typer.Option("--vpp", min=1, help="Fix VPP.", show_default=False)

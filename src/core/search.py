@@ -161,6 +161,16 @@ def balanced_policies(
     return differ
 
 
+def free_etp(tp: int, ep: int, dp_cp: int) -> list[int]:
+    """Expert TP where the space leaves it free: TP's own (Megatron's default) or, where EP
+    spans into the TP group (``ep`` beyond ``dp_cp``, as the spec carves EP out of
+    dp·cp·tp), the largest divisor of TP that leaves EP room: the experts fold over the TP
+    ranks (expert TP 1 at full span), as NVIDIA's Qwen3 recipes run TP 2 with ETP 1.
+    Other values are the user's to list (``--etp``): each doubles the MoE layouts."""
+    group = dp_cp * tp
+    return [max(d for d in divisors(tp) if group % (ep * d) == 0)]
+
+
 def tie_key(c: Candidate) -> tuple[int, ...]:
     """The fixed order of degrees that breaks ranking ties."""
     tp, pp, cp, dp, ep, etp, vpp, mbs, _m, zero, sp, offload, rec, sched, split = c
@@ -362,16 +372,21 @@ def enumerate_candidates(
                                 refuse("ep_not_dividing_expert_group", tp=tp, pp=pp, cp=cp, ep=e)
                             else:
                                 eps.append(e)
-                # Free, expert TP follows the dense TP group; a fixed value is taken as given
-                # (estimate prices any), and the group and width rules below judge it.
-                etps = [tp] if space.etp is None else sorted(set(space.etp))
+                # A fixed expert TP is taken as given (estimate prices any), and the group and
+                # width rules below judge it; a free one is ``free_etp``'s.
+                etps = {
+                    ep: sorted(set(space.etp))
+                    if space.etp is not None
+                    else free_etp(tp, ep, dp * cp)
+                    for ep in eps
+                }
                 for mbs in divisors(gbs // dp):
                     if not _allowed(space.mbs, mbs):
                         continue
                     out.reached["mbs"].add(mbs)
                     m = gbs // (dp * mbs)
                     for ep in eps:
-                        for etp in etps:
+                        for etp in etps[ep]:
                             if experts is not None and (dp * cp * tp) % (ep * etp):
                                 refuse(
                                     "ep_etp_not_dividing_group", tp=tp, pp=pp, cp=cp, ep=ep, etp=etp

@@ -333,7 +333,10 @@ def test_each_refusal_is_counted_under_its_name_and_means_what_it_says(
     planner, tiny, model, n, gbs, seq, reason, shows
 ) -> None:
     ctx, _ = make_ctx(planner, tiny.get(model, model), n, gbs, seq)
-    space = SearchSpace(recompute=("auto",), etp=None, sp=None)
+    # A free expert TP always takes a value the group allows (free_etp): only listed
+    # values can break the group rule.
+    etp = (1, 2, 4, 8) if reason == "ep_etp_not_dividing_group" else None
+    space = SearchSpace(recompute=("auto",), etp=etp, sp=None)
     enum = enumerate_candidates(ctx, space, record=True)
     refused = [d for d, r in enum.refusals if r == reason]
     assert enum.refused[reason] == len(refused) > 0
@@ -348,6 +351,31 @@ def test_each_refusal_is_counted_under_its_name_and_means_what_it_says(
             assert not (d["vpp"] > 1 and d["num_microbatches"] % d["pp"]), c
             continue
         assert not shows(d, n), (reason, c)
+
+
+def test_a_free_expert_tp_follows_tp_and_folds_where_ep_spans_the_tp_ranks(planner, tiny) -> None:
+    """The spec carves EP out of dp·cp·tp: an EP wider than dp·cp reaches into the TP
+    group, so the experts fold over the TP ranks with a smaller expert TP (1 at full span,
+    as NVIDIA's Qwen3 235B recipes run TP 2 with ETP 1). Before, expert TP stayed at TP and
+    every such EP was refused (ep_etp_not_dividing_group)."""
+    ctx, _ = make_ctx(planner, tiny["moe"], 8, 8, 2048)
+    space = SearchSpace(recompute=("auto",), sp=None)
+    enum = enumerate_candidates(ctx, space, record=True)
+    assert "ep_etp_not_dividing_group" not in enum.refused
+    seen = set()
+    for c in enum.candidates:
+        d = dict(zip(FIELDS, c, strict=True))
+        group = d["dp"] * d["cp"] * d["tp"]
+        if d["ep"] * d["tp"] <= d["dp"] * d["cp"] * d["tp"] and group % (d["ep"] * d["tp"]) == 0:
+            assert d["etp"] == d["tp"], d  # room for the experts at TP's own width: kept
+        else:
+            assert d["etp"] < d["tp"] and group % (d["ep"] * d["etp"]) == 0, d
+            # ... the widest expert TP that leaves the EP room
+            assert group % (d["ep"] * d["etp"] * 2) != 0 or d["tp"] % (d["etp"] * 2) != 0, d
+        seen.add((d["tp"], d["dp"] * d["cp"], d["ep"], d["etp"]))
+    # tp 2, dp 4 (8 devices): ep 8 folds to expert TP 1, ep 4 keeps TP's 2
+    assert (2, 4, 8, 1) in seen and (2, 4, 4, 2) in seen
+    assert len({k[:3] for k in seen}) == len(seen)  # one expert TP per (tp, dp·cp, ep)
 
 
 # ----------------------------------------------------------------------------- bounds
