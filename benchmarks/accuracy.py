@@ -104,7 +104,10 @@ def main(out: Path = OUT) -> dict:
         "rows that give tokens/s are converted to step time directly, rows that give only TFLOP/s with "
         "their source's FLOP convention. What a row leaves unstated takes its framework's default, "
         "except the micro-batch size: a row without one (the Megatron-LM README table, NeMo's "
-        "long-sequence table) is priced at the fastest size that fits, as the search would choose it.",
+        "long-sequence table) is priced at the fastest size that fits, as the search would choose it; "
+        "and the expert TP where the row's EP reaches into the TP ranks, which TP's own expert TP "
+        "cannot run: the experts fold, as the search folds them (Megatron-Bridge's Qwen3 235B at TP 2, "
+        "EP 32 on 16 data-parallel ranks, runs expert TP 1).",
         "",
         "## Headline (test rows)",
         "",

@@ -27,7 +27,7 @@ from ndplan.core.context import default_split, mtp_room_splits_evenly
 from ndplan.core.counting import count_flops
 from ndplan.core.errors import InvalidInputError, NdplanError, field_error
 from ndplan.core.job import Job
-from ndplan.core.layout import Layout
+from ndplan.core.layout import Layout, free_etp
 from ndplan.core.model import DenseFFN, ModelSpec, MoEFFN, StandardAttention
 
 from .readers.hf import read_hf_config
@@ -374,6 +374,14 @@ class RunInterpreter:
             unstated.add("vpp")
         ep = _int(row.get("ep", "")) or 1
         etp = _int(row.get("etp", ""))
+        if etp is None and framework == "megatron" and ep > 1:
+            # Unstated, expert TP is TP's own unless EP reaches into the TP ranks: there
+            # Megatron cannot run TP's, so the run folded the experts (as the search does).
+            folded = free_etp(tp, ep, dp * cp)[0]
+            if folded != tp:
+                etp = folded
+                assumed.append(f"etp={etp} (ep {ep} reaches into the tp {tp} ranks)")
+                unstated.add("etp")
         policy, whole_every = recompute_of(row.get("recompute", ""))
         if not row.get("recompute", "").strip():
             assumed.append("recompute=none")

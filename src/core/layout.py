@@ -149,6 +149,18 @@ def selective_not_offered(framework: str) -> str:
     )
 
 
+def free_etp(tp: int, ep: int, dp_cp: int) -> list[int]:
+    """Expert TP where the space leaves it free: TP's own (Megatron's default) or, where EP
+    spans into the TP group (``ep`` beyond ``dp_cp``, as the spec carves EP out of
+    dp·cp·tp), the largest divisor of TP that leaves EP room: the experts fold over the TP
+    ranks (expert TP 1 at full span), as NVIDIA's Qwen3 recipes run TP 2 with ETP 1.
+    Other values are the user's to list (``--etp``): each doubles the MoE layouts. An EP
+    that does not divide the group keeps TP's (the group rule refuses it)."""
+    group = dp_cp * tp
+    fits = [d for d in range(1, tp + 1) if tp % d == 0 and group % (ep * d) == 0]
+    return [max(fits) if fits else tp]
+
+
 def heads_split(heads: int, kv_heads: int, ways: int) -> bool:
     """Whether ``ways`` ranks can share the attention heads: each takes whole query heads,
     and the key/value heads divide among them or are replicated to them (GQA)."""

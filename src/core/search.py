@@ -37,6 +37,7 @@ from .layout import (
     Layout,
     SearchSpace,
     dense_etp_error,
+    free_etp,
     heads_split,
     layers_per_chunk_text,
     selective_not_offered,
@@ -159,16 +160,6 @@ def balanced_policies(
         if counts is not None and counts != own:
             differ.append(rec)
     return differ
-
-
-def free_etp(tp: int, ep: int, dp_cp: int) -> list[int]:
-    """Expert TP where the space leaves it free: TP's own (Megatron's default) or, where EP
-    spans into the TP group (``ep`` beyond ``dp_cp``, as the spec carves EP out of
-    dp·cp·tp), the largest divisor of TP that leaves EP room: the experts fold over the TP
-    ranks (expert TP 1 at full span), as NVIDIA's Qwen3 recipes run TP 2 with ETP 1.
-    Other values are the user's to list (``--etp``): each doubles the MoE layouts."""
-    group = dp_cp * tp
-    return [max(d for d in divisors(tp) if group % (ep * d) == 0)]
 
 
 def tie_key(c: Candidate) -> tuple[int, ...]:

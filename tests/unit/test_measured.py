@@ -317,6 +317,22 @@ def test_layout_from_the_stated_degrees(interpreter: RunInterpreter) -> None:
     assert (t.layout.dp, t.layout.zero, t.layout.sp, t.layout.recompute) == (64, 3, False, "full")
 
 
+def test_an_unstated_expert_tp_folds_where_ep_reaches_into_the_tp_ranks(
+    interpreter: RunInterpreter,
+) -> None:
+    """Qwen3 235B on 64 GB200 at tp 2, ep 64: expert TP 2 would need 128 ranks, so the run
+    folded the experts (ETP 1). Before, the row was priced at expert TP 2, a layout
+    Megatron cannot run; a stated expert TP and one that fits are kept."""
+    folded = case(interpreter, 276)
+    assert (folded.layout.tp, folded.layout.ep, folded.layout.dp) == (2, 64, 32)
+    assert folded.layout.etp == 1 and "etp" in folded.unstated
+    assert "etp=1 (ep 64 reaches into the tp 2 ranks)" in folded.assumed
+    kept = case(interpreter, 276, ep="32")  # expert TP 2 fits 32·2 = 64 ranks
+    assert kept.layout.etp is None and kept.layout.expert_tp == 2 and "etp" not in kept.unstated
+    stated = case(interpreter, 276, etp="2")
+    assert stated.layout.etp == 2 and "etp" not in stated.unstated
+
+
 def test_llm_foundry_rows_use_its_fused_cross_entropy(
     planner: Planner, interpreter: RunInterpreter
 ) -> None:
