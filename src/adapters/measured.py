@@ -377,7 +377,7 @@ class RunInterpreter:
         if etp is None and framework == "megatron" and ep > 1:
             # Unstated, expert TP is TP's own unless EP reaches into the TP ranks: there
             # Megatron cannot run TP's, so the run folded the experts (as the search does).
-            folded = free_etp(tp, ep, dp * cp)[0]
+            folded = free_etp(tp, ep, dp * cp)
             if folded != tp:
                 etp = folded
                 assumed.append(f"etp={etp} (ep {ep} reaches into the tp {tp} ranks)")

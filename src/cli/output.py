@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,16 +50,15 @@ class _Stdout:
     is the one written."""
 
     def write(self, text: str) -> int:
-        try:
-            return sys.stdout.write(text)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise StdoutFailed(exc) from None
+        return self._guarded(lambda: sys.stdout.write(text))
 
     def flush(self) -> None:
+        self._guarded(sys.stdout.flush)
+
+    @staticmethod
+    def _guarded(call: Callable[[], Any]) -> Any:
         try:
-            sys.stdout.flush()
+            return call()
         except BrokenPipeError:
             raise
         except OSError as exc:

@@ -149,7 +149,7 @@ def selective_not_offered(framework: str) -> str:
     )
 
 
-def free_etp(tp: int, ep: int, dp_cp: int) -> list[int]:
+def free_etp(tp: int, ep: int, dp_cp: int) -> int:
     """Expert TP where the space leaves it free: TP's own (Megatron's default) or, where EP
     spans into the TP group (``ep`` beyond ``dp_cp``, as the spec carves EP out of
     dp·cp·tp), the largest divisor of TP that leaves EP room: the experts fold over the TP
@@ -158,7 +158,7 @@ def free_etp(tp: int, ep: int, dp_cp: int) -> list[int]:
     that does not divide the group keeps TP's (the group rule refuses it)."""
     group = dp_cp * tp
     fits = [d for d in range(1, tp + 1) if tp % d == 0 and group % (ep * d) == 0]
-    return [max(fits) if fits else tp]
+    return max(fits) if fits else tp
 
 
 def heads_split(heads: int, kv_heads: int, ways: int) -> bool:

@@ -365,12 +365,8 @@ def enumerate_candidates(
                                 eps.append(e)
                 # A fixed expert TP is taken as given (estimate prices any), and the group and
                 # width rules below judge it; a free one is ``free_etp``'s.
-                etps = {
-                    ep: sorted(set(space.etp))
-                    if space.etp is not None
-                    else free_etp(tp, ep, dp * cp)
-                    for ep in eps
-                }
+                listed = sorted(set(space.etp)) if space.etp is not None else None
+                etps = {ep: listed or [free_etp(tp, ep, dp * cp)] for ep in eps}
                 for mbs in divisors(gbs // dp):
                     if not _allowed(space.mbs, mbs):
                         continue
