@@ -145,6 +145,39 @@ def default_split(num_layers: int, chunks: int, mtp_layers: int = 0) -> tuple[in
     return even_split(num_layers, chunks)
 
 
+def head_counted_split(num_layers: int, pp: int, chunks: int) -> tuple[int, ...] | None:
+    """Layers per chunk with the embedding and the loss counted as one layer each, every
+    chunk holding the same number of those slots or one fewer, no stage more than one
+    short (None where that cannot be: as many short slots as stages, or more chunks than
+    slots).
+
+    Where ``chunks`` divides the layers plus those two, this is the even split of them
+    (NVIDIA's Llama 3.1 405B recipe: 126 layers as pp 16 × vpp 8, the first and last
+    chunks holding only the embedding and the loss). Otherwise the short slots go one per
+    stage, the last stage first, then the first, then the stages before the last (the
+    ends hold the embedding and the loss): fewer short slots than stages, so no stage is
+    more than one layer lighter than the fullest. Megatron runs such layouts
+    (``--pipeline-model-parallel-layout``); Megatron-Bridge's published Kimi K2 and
+    DeepSeek-V3 runs interleave 61 layers, which no even split allows, as pp 4 × vpp 4,
+    pp 2 × vpp 4 and pp 8 × vpp 4."""
+    slots = num_layers + 2
+    if chunks > slots:
+        return None
+    per_chunk = -(-slots // chunks)
+    empty = per_chunk * chunks - slots
+    if empty >= pp:
+        return None
+    counts = [per_chunk] * chunks
+    # The last chunk of each stage is its last virtual chunk; the chunks are in order
+    # (virtual stage by virtual stage), so the last ``pp`` are one per stage.
+    order = [chunks - 1, chunks - pp, *range(chunks - 2, chunks - pp, -1)]
+    for chunk in order[:empty]:
+        counts[chunk] -= 1
+    counts[0] -= 1
+    counts[-1] -= 1
+    return tuple(counts)  # chunks ≤ slots: a short chunk holds 2 slots, so none is < 0
+
+
 MIN_BALANCE_GAIN = 0.01
 """How much lighter (a fraction) the balanced split must make the slowest stage than the
 default split does to be a layout of its own. Less is within the step-time model's
@@ -426,11 +459,7 @@ class LayerSplits:
         if key not in self._found:
             num_layers = self._model.num_layers
             if split == 1:
-                base = (num_layers + 2) // chunks
-                counts = [base] * chunks
-                counts[0] -= 1
-                counts[-1] -= 1
-                self._found[key] = tuple(counts)
+                self._found[key] = head_counted_split(num_layers, pp, chunks)
             else:
                 self._found[key] = balanced_split(self._model, self._span, pp, chunks // pp, head)
         return self._found[key]

@@ -20,11 +20,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ndplan.adapters.sinks.files import CsvSink, JsonLinesSink
 from ndplan.bootstrap import bootstrap
 from ndplan.core import search as core_search
-from ndplan.core.context import PricingContext
+from ndplan.core.context import PricingContext, head_counted_split
 from ndplan.core.errors import BaselineError, InfeasibleError, InvalidInputError
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout, SearchSpace
@@ -213,9 +215,10 @@ def check_valid(ctx: PricingContext, c: tuple[int, ...]) -> None:
         held = 1 + 2 * ctx.model.num_mtp_layers if ctx.model.num_mtp_layers else 0
         even = layers % (pp * vpp) == 0 or (held and (layers + held) % (pp * vpp) == 0)
         if uneven:
-            assert (layers + 2) % (pp * vpp) == 0, c
+            assert_head_counted(ctx, pp, vpp, layout_of(c, ctx).layers_per_stage, c)
         elif split == core_search.SPLITS.index("balanced"):  # beside either, at no vpp of its own
-            assert even or (layers + 2) % (pp * vpp) == 0, c
+            own = core_search.SPLITS.index("embedding+loss as layers")
+            assert even or layout_of((*c[:-1], own), ctx).layers_per_stage is not None, c
         else:
             assert even, c
     else:
@@ -235,6 +238,33 @@ def check_valid(ctx: PricingContext, c: tuple[int, ...]) -> None:
     assert zero in ctx.framework.zero_stages, c
     assert not sp or tp > 1, c
     assert RECOMPUTES[rec] in ("none", "selective", "full", "auto") and offload in (0, 1)
+
+
+def even_vpps(layers: int, pp: int) -> list[int]:
+    """VPPs whose chunks split the layers, or the layers with the embedding and the loss,
+    exactly."""
+    return [
+        v for v in range(2, layers + 3) if layers % (pp * v) == 0 or (layers + 2) % (pp * v) == 0
+    ]
+
+
+def assert_head_counted(
+    ctx: PricingContext, pp: int, vpp: int, counts, c, listed: bool = False
+) -> None:
+    """Counting the embedding and the loss as a layer each, the chunks hold equal slots or
+    one fewer, no stage is more than one slot lighter than the fullest, and a split that
+    is not exact is offered only at a depth where no VPP splits the layers exactly (or
+    the user ``listed`` VPPs)."""
+    layers, chunks = ctx.model.num_layers, pp * vpp
+    assert counts is not None and len(counts) == chunks and sum(counts) == layers, c
+    slots = list(counts)
+    slots[0] += 1
+    slots[-1] += 1
+    assert max(slots) - min(slots) <= 1, c
+    stages = [sum(slots[s::pp]) for s in range(pp)]
+    assert max(stages) - min(stages) <= 1, c
+    if (layers + 2) % chunks:
+        assert not ctx.model.num_mtp_layers and (listed or not even_vpps(layers, pp)), c
 
 
 @pytest.mark.parametrize(
@@ -874,6 +904,78 @@ def test_embedding_and_loss_may_take_a_chunk_of_their_own(planner) -> None:
     assert stages[0].has_embedding and stages[-1].has_head
     assert stages[-1].chunks[-1].stop == stages[-1].chunks[-1].start  # loss only
     assert sum(s.num_layers for s in stages) == 126
+
+
+def test_layers_that_split_evenly_at_no_depth_interleave_one_slot_short(planner) -> None:
+    """Kimi K2's 61 layers (no MTP) split evenly over no chunk count, even with the
+    embedding and the loss counted (63). Chunks of equal slots or one fewer, no stage more
+    than a slot lighter, still interleave: 64 slots as pp 4 × vpp 2, 4 or 8 (Megatron-
+    Bridge runs pp 4 × vpp 4) and pp 8 × vpp 2 or 4; 12 chunks of 6 (72 slots) leave
+    nine empty, more than pp 4 has stages, so vpp 3 is not offered."""
+    ctx, _ = make_ctx(planner, "kimi-k2", 256, 1024, 4096)
+    space = SearchSpace(
+        tp=(1,), pp=(4, 8), cp=(1,), ep=(8,), mbs=(1,), zero=(1,), schedule=("interleaved",)
+    )
+    enum = enumerate_candidates(ctx, space)
+    fields = [dict(zip(FIELDS, c, strict=True)) for c in enum.candidates]
+    assert {(f["pp"], f["vpp"]) for f in fields} == {(4, 2), (4, 4), (4, 8), (8, 2), (8, 4)}
+    head_counted = core_search.SPLITS.index("embedding+loss as layers")
+    assert {f["split"] for f in fields} == {head_counted, core_search.SPLITS.index("balanced")}
+    for c, f in zip(enum.candidates, fields, strict=True):
+        if f["split"] == head_counted:
+            assert_head_counted(ctx, f["pp"], f["vpp"], layout_of(c, ctx).layers_per_stage, c)
+    c = next(
+        c
+        for c, f in zip(enum.candidates, fields, strict=True)
+        if f["pp"] == f["vpp"] == 4 and f["split"] == head_counted
+    )
+    layout = layout_of(c, ctx)
+    # The embedding with 3 layers, then 14 chunks of 4, the loss with 2: the empty slot
+    # on the last stage, beside the loss.
+    assert layout.layers_per_stage == (3,) + (4,) * 14 + (2,)
+    assert ctx.placement(layout)[-1].has_head
+    assert planner.estimate(ctx, layout).time.step_s > 0
+
+
+@given(layers=st.integers(1, 200), pp=st.integers(2, 32), vpp=st.integers(2, 16))
+def test_a_head_counted_split_is_one_slot_short_per_stage_at_most(layers, pp, vpp) -> None:
+    """Every layer placed, chunks of equal slots or one fewer (the embedding and the loss a
+    slot each), at most one short slot per stage; None exactly where that cannot be."""
+    chunks = pp * vpp
+    counts = head_counted_split(layers, pp, chunks)
+    slots = layers + 2
+    short = -(-slots // chunks) * chunks - slots
+    if chunks > slots or short >= pp:
+        assert counts is None
+        return
+    assert (
+        counts is not None and len(counts) == chunks and sum(counts) == layers and min(counts) >= 0
+    )
+    full = [n + (i == 0) + (i == chunks - 1) for i, n in enumerate(counts)]
+    assert set(full) <= {max(full), max(full) - 1}
+    assert all(sum(full[s::pp]) >= vpp * max(full) - 1 for s in range(pp))
+    if short == 0:  # an exact split: every chunk the same
+        assert len(set(full)) == 1
+
+
+def test_near_even_chunks_only_where_no_vpp_splits_evenly_or_the_user_lists_them(
+    planner,
+) -> None:
+    """Llama 3 70B's 80 layers split evenly at pp 4 (vpp 2, 4, 5, 10, 20), so the 84
+    slots of pp 4 × vpp 3 (82 filled) are not offered unless the user lists vpp 3."""
+    ctx, _ = make_ctx(planner, "llama-3-70b", 64, 256, 4096)
+    space = SearchSpace(tp=(4,), pp=(4,), cp=(1,), mbs=(1,), zero=(1,), schedule=("interleaved",))
+    enum = enumerate_candidates(ctx, space)
+    vpps = {dict(zip(FIELDS, c, strict=True))["vpp"] for c in enum.candidates}
+    assert vpps == set(even_vpps(80, 4)) == {2, 4, 5, 10, 20}
+    listed = space.model_copy(update={"vpp": (3, 7)})
+    c = enumerate_candidates(ctx, listed).candidates
+    assert {dict(zip(FIELDS, x, strict=True))["vpp"] for x in c} == {3, 7}
+    for x in c:
+        f = dict(zip(FIELDS, x, strict=True))
+        if f["split"] == core_search.SPLITS.index("embedding+loss as layers"):
+            counts = layout_of(x, ctx).layers_per_stage
+            assert_head_counted(ctx, 4, f["vpp"], counts, x, listed=True)
 
 
 def test_an_mtp_model_interleaves_over_chunks_that_leave_room_for_mtp(planner) -> None:
