@@ -192,8 +192,9 @@ def markdown(results: list[dict], moe: list[dict]) -> str:
         f"much larger; — beyond the {GRID_TOP} best grids); *gap* its predicted step time over "
         "the predicted best (— when ndplan predicts it does not fit). A degree the source does not state (shown "
         "as ?, e.g. the Megatron-LM README's micro-batch and VPP) is left free: the best layout with the stated "
-        "degrees counts, and so does the faster of the layer splits ndplan tries for those degrees (even, or "
-        "balanced: the last stage lighter by the output layer), though the published runs split their layers "
+        "degrees counts, and so does the faster of the layer splits ndplan tries for those degrees (even, "
+        "the embedding and the loss counted as layers, or balanced: the last stage lighter by the output "
+        "layer), though the published runs split their layers "
         "evenly or as their recipe states. *error* is how ndplan prices the published layout as it was run (predicted / measured "
         "step time − 1, as in accuracy.md); *where* is the step-time part that differs most between the "
         "published layout and ndplan's best (compute = forward + backward + recompute).",
@@ -209,10 +210,12 @@ def markdown(results: list[dict], moe: list[dict]) -> str:
         "free), and *grid* including EP (and a stated expert TP). These are kept apart from the headline above: "
         "the MoE step-time model is the less accurate one (accuracy.md), and one layout's measured speed moves "
         "by up to a third between software releases. *outside* says why a published layout has no rank. "
-        "*not in the search space*: an interleaved pipeline whose pp·vpp chunks do not split the layers "
-        "evenly (61 for DeepSeek-V3 without MTP and Kimi K2), which Megatron runs with a per-chunk "
-        "layer layout (e.g. 15 chunks of 4 layers and one of 1); ndplan offers such a VPP only where the "
-        "embedding and loss, or the MTP blocks, fill the gap. "
+        "*not in the search space*: DeepSeek-V3 with MTP interleaved over 32 chunks (pp 8 × vpp 4), "
+        "which ndplan offers an MTP model only where the chunks leave the last one room for the MTP block "
+        "and the loss (three layers' worth; 61 layers and that room make 64 slots, 2 a chunk). The 61 "
+        "layers of DeepSeek-V3 without MTP and of Kimi K2 split evenly at no pipeline depth; there "
+        "ndplan offers chunks one slot short, at most one per stage, the embedding and the loss counted "
+        "as layers, which is how those rows are placed. "
         "*refused: ep_not_dividing_expert_group*: the row's EP is wider than the ranks of one pipeline "
         "stage, so the row contradicts itself.",
         "",

@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 from .context import (
@@ -533,6 +533,27 @@ def _schedules(
                 yield from with_balanced(1, sched, 0)
     if "interleaved" not in offered or (allowed is not None and "interleaved" not in allowed):
         return
+    offered_vpps = interleaved_vpps(num_layers, pp, mtp_layers, uneven, space.vpp is not None)
+    for vpp, split in offered_vpps:
+        if not _allowed(space.vpp, vpp):
+            continue
+        seen["vpp"].add(vpp)
+        seen["schedule"].add("interleaved")
+        if m % pp:
+            refuse(
+                "interleaved_needs_microbatches_multiple_of_pp", pp=pp, vpp=vpp, num_microbatches=m
+            )
+            continue
+        yield from with_balanced(vpp, "interleaved", split)
+
+
+@cache
+def interleaved_vpps(
+    num_layers: int, pp: int, mtp_layers: int, uneven: bool, listed: bool
+) -> tuple[tuple[int, int], ...]:
+    """(vpp, split code) for each VPP ≥ 2 whose chunks may split the layers at this
+    depth, in order; ``listed``: the user lists VPPs. Cached: the search asks once per
+    degree, micro-batch and EP, and the answer depends on the depth alone."""
     # With the embedding and the loss counted as layers, pp·vpp may reach layers + 2: the
     # first and last chunks then hold only the embedding and the loss (NVIDIA's GB200
     # recipe for Llama 3.1 405B runs 126 layers as pp 16 × vpp 8).
@@ -557,19 +578,9 @@ def _schedules(
     # Elsewhere the even VPPs already span interleaving's trade-off, and the near-even ones
     # would add 13 % to Llama 3 70B's layouts at 1,024 devices for no faster layout.
     # (An MTP model's last chunk holds MTP too: its room rule above stands.)
-    if space.vpp is not None or not even:
-        even = sorted(even + near_even)
-    for vpp, split in even:
-        if not _allowed(space.vpp, vpp):
-            continue
-        seen["vpp"].add(vpp)
-        seen["schedule"].add("interleaved")
-        if m % pp:
-            refuse(
-                "interleaved_needs_microbatches_multiple_of_pp", pp=pp, vpp=vpp, num_microbatches=m
-            )
-            continue
-        yield from with_balanced(vpp, "interleaved", split)
+    if listed or not even:
+        return tuple(sorted(even + near_even))
+    return tuple(even)
 
 
 def reachable_batches(
