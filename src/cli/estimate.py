@@ -9,7 +9,6 @@ import typer
 from pydantic import ValidationError
 from rich.text import Text
 
-from ndplan.adapters.exporters.megatron import pipeline_layout
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, field_error
 from ndplan.core.layout import Layout
@@ -44,7 +43,7 @@ from .common import (
 )
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout
-from .render import plan_report, unfilled_pipeline_warning
+from .render import megatron_layout_line, plan_report, split_line, unfilled_pipeline_warning
 
 Degree = Annotated[int, typer.Option(min=1)]
 
@@ -318,9 +317,10 @@ def _layout_command(
         else:
             stdout.print(plan_report(pctx, plan))
             stdout.print(Text(balance_line(result, given=layers_per_chunk is not None)))
-            if pctx.framework.name == "megatron" and layout.schedule != "dualpipev":
-                flag = pipeline_layout(pctx.model, plan.layout)
-                stdout.print(Text(f'megatron: --pipeline-model-parallel-layout "{flag}"'))
+            # The report gives the flag with an uneven split; a balanced one may be even.
+            flag = megatron_layout_line(pctx, plan)
+            if flag is not None and split_line(pctx, plan) is None:
+                stdout.print(Text(flag))
     else:
         plan = planner.estimate(pctx, layout, options)
         if as_json:

@@ -8,6 +8,7 @@ from itertools import groupby
 from rich.console import Group
 from rich.text import Text
 
+from ndplan.adapters.exporters.megatron import pipeline_layout
 from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan, RecomputeRange, SearchResult
 
@@ -46,6 +47,15 @@ def split_line(ctx: PricingContext, plan: Plan) -> str | None:
         return None
     runs = [(n, len(list(same))) for n, same in groupby(counts)]
     return "layers per chunk: " + ", ".join(f"{n} ×{k}" if k > 1 else f"{n}" for n, k in runs)
+
+
+def megatron_layout_line(ctx: PricingContext, plan: Plan) -> str | None:
+    """The Megatron flag that places the layers as the plan does (Megatron splits them
+    evenly by itself, and refuses counts the pipeline does not divide); None for other
+    frameworks and DualPipeV, whose chunks Megatron places itself."""
+    if ctx.framework.name != "megatron" or plan.layout.schedule == "dualpipev":
+        return None
+    return f'megatron: --pipeline-model-parallel-layout "{pipeline_layout(ctx.model, plan.layout)}"'
 
 
 def _stage_columns(n: int, peak: int) -> list[int]:
@@ -130,6 +140,9 @@ def plan_report(ctx: PricingContext, plan: Plan) -> Group:
     split = split_line(ctx, plan)
     if split is not None:
         items.append(Text(split))
+        flag = megatron_layout_line(ctx, plan)
+        if flag is not None:
+            items.append(Text(flag))
     items += [
         memory_table(plan),
         Text(memory_verdict(plan)),

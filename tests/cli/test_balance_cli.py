@@ -36,6 +36,7 @@ def test_balance_prints_the_placement_its_gain_and_the_megatron_layout(capsys) -
     assert flag.startswith("E") and flag.endswith("L") and flag.count("|") == 15
     assert flag.count("t") == 32
     assert "layers per chunk: " in out  # the plan report of the balanced placement
+    assert sum(x.startswith("megatron: ") for x in out.splitlines()) == 1  # said once
 
 
 def test_balance_json_is_the_start_and_the_balanced_plan(capsys) -> None:

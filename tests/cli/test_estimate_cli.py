@@ -436,6 +436,9 @@ def test_an_uneven_split_is_printed_chunk_by_chunk(capsys: pytest.CaptureFixture
     )
     assert code == 0, err
     assert "layers per chunk: 4 ×15, 1\n" in out
+    # Megatron splits layers evenly unless told: the flag that places them as priced.
+    flag = 'megatron: --pipeline-model-parallel-layout "E' + "tttt|" * 15 + 'tmL"\n'
+    assert flag in out
     code, out, err = invoke(
         capsys,
         *[
@@ -460,7 +463,20 @@ def test_an_uneven_split_is_printed_chunk_by_chunk(capsys: pytest.CaptureFixture
         ],
     )
     assert code == 0, err
-    assert "layers per chunk" not in out
+    assert "layers per chunk" not in out and "megatron: " not in out
+
+
+def test_no_megatron_layout_flag_for_another_framework(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "64", "-s", "4096")
+    uneven = ("--pp", "4", "--dp", "2", "--layers-per-chunk", "7,9,9,7")
+    code, out, err = invoke(capsys, *argv, *uneven, "--framework", "torchtitan")
+    assert code == 0, err
+    assert "layers per chunk: 7, 9 ×2, 7" in out and "megatron: " not in out
+    code, out, err = invoke(capsys, *argv, *uneven)
+    assert code == 0, err
+    assert (
+        'megatron: --pipeline-model-parallel-layout "Ettttttt|ttttttttt|ttttttttt|tttttttL"' in out
+    )
 
 
 def test_the_layers_each_stage_holds_are_printed_without_recompute_ranges(

@@ -591,3 +591,28 @@ def test_deepspeed_runs_pipeline_stages_with_zero_1_at_most(capsys) -> None:
     doc = json.loads(out)
     assert doc["summary"]["refused"]["zero_not_with_pipeline"] > 0
     assert all(p["layout"]["zero"] <= 1 for p in doc["plans"] if p["layout"]["pp"] > 1)
+
+
+def test_a_listed_vpp_runs_one_slot_short_and_the_best_plan_says_how_to_place_it(
+    capsys,
+) -> None:
+    """32 layers with the embedding and the loss are 34 slots: pp 4 × vpp 3 runs as 12
+    chunks of 3, two of them short (or as the balanced split beside it). The best plan's
+    report gives its layers per chunk and the Megatron flag that places them so."""
+    code, out, err = invoke(capsys, "search", *SIXTEEN, "--vpp", "3", "--pp", "4", "-t", "1")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("layers per chunk: "))
+    counts = []
+    for part in line.removeprefix("layers per chunk: ").split(", "):
+        n, _, times = part.partition(" ×")
+        counts += [int(n)] * int(times or 1)
+    assert len(counts) == 12 and sum(counts) == 32
+    flag = next(x for x in out.splitlines() if x.startswith("megatron: "))
+    chunks = flag.split('"')[1].split("|")
+    assert [c.count("t") for c in chunks] == counts
+    assert chunks[0].startswith("E") and chunks[-1].endswith("L")
+    code, out, err = invoke(
+        capsys, "search", *SIXTEEN, "--vpp", "3", "--pp", "4", "-t", "1", "--json"
+    )
+    assert code == 0, err
+    assert plans(out)[0]["layout"]["layers_per_stage"] == counts
