@@ -43,7 +43,7 @@ from .common import (
 )
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout
-from .render import megatron_layout_line, plan_report, split_line, unfilled_pipeline_warning
+from .render import plan_report, unfilled_pipeline_warning
 
 Degree = Annotated[int, typer.Option(min=1)]
 
@@ -315,12 +315,8 @@ def _layout_command(
         if as_json:
             print_json(result)
         else:
-            stdout.print(plan_report(pctx, plan))
+            stdout.print(plan_report(pctx, plan, layout_flag=True))
             stdout.print(Text(balance_line(result, given=layers_per_chunk is not None)))
-            # The report gives the flag with an uneven split; a balanced one may be even.
-            flag = megatron_layout_line(pctx, plan)
-            if flag is not None and split_line(pctx, plan) is None:
-                stdout.print(Text(flag))
     else:
         plan = planner.estimate(pctx, layout, options)
         if as_json:

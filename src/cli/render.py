@@ -135,14 +135,17 @@ def header(ctx: PricingContext) -> str:
     )
 
 
-def plan_report(ctx: PricingContext, plan: Plan) -> Group:
+def plan_report(ctx: PricingContext, plan: Plan, layout_flag: bool = False) -> Group:
+    """The plan's layout, memory, time and recompute; with an uneven split (or
+    ``layout_flag``: the balancer's placement, even or not) the Megatron flag that places
+    the layers so."""
     items = [Text(header(ctx), style="bold"), Text("layout: " + layout_line(plan))]
     split = split_line(ctx, plan)
     if split is not None:
         items.append(Text(split))
-        flag = megatron_layout_line(ctx, plan)
-        if flag is not None:
-            items.append(Text(flag))
+    flag = megatron_layout_line(ctx, plan) if split is not None or layout_flag else None
+    if flag is not None:
+        items.append(Text(flag))
     items += [
         memory_table(plan),
         Text(memory_verdict(plan)),

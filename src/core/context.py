@@ -158,8 +158,8 @@ def head_counted_split(num_layers: int, pp: int, chunks: int) -> tuple[int, ...]
     ends hold the embedding and the loss): fewer short slots than stages, so no stage is
     more than one layer lighter than the fullest. Megatron runs such layouts
     (``--pipeline-model-parallel-layout``); Megatron-Bridge's published Kimi K2 and
-    DeepSeek-V3 runs interleave 61 layers, which no even split allows, as pp 4 × vpp 4,
-    pp 2 × vpp 4 and pp 8 × vpp 4."""
+    DeepSeek-V3 (without MTP) runs interleave 61 layers, which no even split allows, as
+    pp 4 × vpp 4 and pp 2 × vpp 4."""
     slots = num_layers + 2
     if chunks > slots:
         return None
