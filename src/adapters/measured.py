@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.context import default_split, mtp_room_splits_evenly
+from ndplan.core.context import default_split, head_counted_split, mtp_room_splits_evenly
 from ndplan.core.counting import count_flops
 from ndplan.core.errors import InvalidInputError, NdplanError, field_error
 from ndplan.core.job import Job
@@ -240,12 +240,17 @@ def recipe_layers_per_chunk(
     even split. Megatron-Bridge's DeepSeek-V3 recipes (``set_deepseek_v3_pipeline_model_
     parallel_layout``) keep the embedding on the first chunk and leave the last one room
     for one MTP block and the loss — 16/16/16/13 over 4 chunks, 8×7 + 5 over 8, 4×15 + 1
-    over 16 — whether MTP runs or not; other chunk counts have no recipe layout."""
+    over 16 — whether MTP runs or not. With MTP, the H100 recipe interleaves 32 chunks
+    as ``Et|(tt|)*30mL``: the embedding, the MTP block and the loss a layer each. Other
+    chunk counts, and 32 without MTP, have no recipe layout."""
     if source != "megatron-bridge" or preset_id != "deepseek-v3" or chunks < 2:
         return None
-    if not mtp_room_splits_evenly(model.num_layers, chunks, mtp_layers=1):
-        return None
-    return default_split(model.num_layers, chunks, mtp_layers=1)
+    if mtp_room_splits_evenly(model.num_layers, chunks, mtp_layers=1):
+        return default_split(model.num_layers, chunks, mtp_layers=1)
+    if model.num_mtp_layers == 1 and (model.num_layers + 3) % chunks == 0:
+        # exact, so the stage count orders no short slot
+        return head_counted_split(model.num_layers, 1, chunks, mtp_layers=1)
+    return None
 
 
 def without_mtp(model: ModelSpec, notes: str) -> ModelSpec:

@@ -145,22 +145,26 @@ def default_split(num_layers: int, chunks: int, mtp_layers: int = 0) -> tuple[in
     return even_split(num_layers, chunks)
 
 
-def head_counted_split(num_layers: int, pp: int, chunks: int) -> tuple[int, ...] | None:
-    """Layers per chunk with the embedding and the loss counted as one layer each, every
-    chunk holding the same number of those slots or one fewer, no stage more than one
-    short (None where that cannot be: as many short slots as stages, or more chunks than
-    slots).
+def head_counted_split(
+    num_layers: int, pp: int, chunks: int, mtp_layers: int = 0
+) -> tuple[int, ...] | None:
+    """Layers per chunk with the embedding, the loss and each MTP block counted as one
+    layer each, every chunk holding the same number of those slots or one fewer, no
+    stage more than one short (None where that cannot be: as many short slots as stages,
+    or a last chunk too small for the MTP blocks and the loss).
 
-    Where ``chunks`` divides the layers plus those two, this is the even split of them
+    Where ``chunks`` divides the layers plus those slots, this is the even split of them
     (NVIDIA's Llama 3.1 405B recipe: 126 layers as pp 16 × vpp 8, the first and last
-    chunks holding only the embedding and the loss). Otherwise the short slots go one per
-    stage, the last stage first, then the first, then the stages before the last (the
-    ends hold the embedding and the loss): fewer short slots than stages, so no stage is
-    more than one layer lighter than the fullest. Megatron runs such layouts
-    (``--pipeline-model-parallel-layout``); Megatron-Bridge's published Kimi K2 and
-    DeepSeek-V3 (without MTP) runs interleave 61 layers, which no even split allows, as
-    pp 4 × vpp 4 and pp 2 × vpp 4."""
-    slots = num_layers + 2
+    chunks holding only the embedding and the loss; its DeepSeek-V3 recipe on H100:
+    61 layers and one MTP block as pp 8 × vpp 4, ``Et|(tt|)*30mL``). Otherwise the short
+    slots go one per stage, the last stage first, then the first, then the stages before
+    the last (the ends hold the embedding and the loss): fewer short slots than stages,
+    so no stage is more than one layer lighter than the fullest. Megatron runs such
+    layouts (``--pipeline-model-parallel-layout``); Megatron-Bridge's published Kimi K2
+    and DeepSeek-V3 (without MTP) runs interleave 61 layers, which no even split allows,
+    as pp 4 × vpp 4 and pp 2 × vpp 4."""
+    tail = 1 + mtp_layers  # the loss and the MTP blocks, on the last chunk
+    slots = num_layers + 1 + tail
     if chunks > slots:
         return None
     per_chunk = -(-slots // chunks)
@@ -174,8 +178,10 @@ def head_counted_split(num_layers: int, pp: int, chunks: int) -> tuple[int, ...]
     for chunk in order[:empty]:
         counts[chunk] -= 1
     counts[0] -= 1
-    counts[-1] -= 1
-    return tuple(counts)  # chunks ≤ slots: a short chunk holds 2 slots, so none is < 0
+    counts[-1] -= tail
+    # A chunk is short only where chunks hold 2 slots or more (chunks ≤ slots), so only
+    # the last can come out below zero, and only with MTP blocks beside the loss.
+    return tuple(counts) if counts[-1] >= 0 else None
 
 
 MIN_BALANCE_GAIN = 0.01
@@ -459,7 +465,9 @@ class LayerSplits:
         if key not in self._found:
             num_layers = self._model.num_layers
             if split == 1:
-                self._found[key] = head_counted_split(num_layers, pp, chunks)
+                self._found[key] = head_counted_split(
+                    num_layers, pp, chunks, self._model.num_mtp_layers
+                )
             else:
                 self._found[key] = balanced_split(self._model, self._span, pp, chunks // pp, head)
         return self._found[key]

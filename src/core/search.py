@@ -559,8 +559,11 @@ def interleaved_vpps(
     # recipe for Llama 3.1 405B runs 126 layers as pp 16 × vpp 8).
     # An MTP model's default split leaves the last chunk room for MTP and the loss (see
     # context.default_split): its chunk counts divide the layers plus that room.
+    # Where that room does not divide them, the embedding, the loss and each MTP block
+    # may count as a layer instead (NVIDIA's DeepSeek-V3 on H100: pp 8 × vpp 4).
     held = mtp_room(mtp_layers)
-    top = (num_layers + max(2, held)) // pp if uneven else num_layers // pp
+    head_counted_slots = num_layers + 2 + mtp_layers
+    top = (num_layers + max(2 + mtp_layers, held)) // pp if uneven else num_layers // pp
     even: list[tuple[int, int]] = []
     near_even: list[tuple[int, int]] = []
     for vpp in range(2, top + 1):
@@ -568,16 +571,17 @@ def interleaved_vpps(
         room_splits_evenly = uneven and mtp_room_splits_evenly(num_layers, chunks, mtp_layers)
         if num_layers % chunks == 0 or room_splits_evenly:
             even.append((vpp, 0))
-        elif uneven and (num_layers + 2) % chunks == 0:
+        elif not uneven or not head_counted_split(num_layers, pp, chunks, mtp_layers):
+            continue
+        elif head_counted_slots % chunks == 0:
             even.append((vpp, 1))
-        elif uneven and not mtp_layers and head_counted_split(num_layers, pp, chunks):
+        else:
             near_even.append((vpp, 1))
     # Chunks one slot short on some stages (head_counted_split) are offered where no
     # VPP splits this depth evenly (61 layers split evenly at no pp > 1, so without them
     # DeepSeek-V3 and Kimi K2 could not interleave at all), or where the user lists VPPs.
     # Elsewhere the even VPPs already span interleaving's trade-off, and the near-even ones
     # would add 13 % to Llama 3 70B's layouts at 1,024 devices for no faster layout.
-    # (An MTP model's last chunk holds MTP too: its room rule above stands.)
     if listed or not even:
         return tuple(sorted(even + near_even))
     return tuple(even)

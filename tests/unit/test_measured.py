@@ -439,12 +439,16 @@ def test_megatron_bridge_deepseek_v3_rows_run_the_recipes_uneven_split(
 ) -> None:
     """Megatron-Bridge's DeepSeek-V3 layout leaves the last chunk room for MTP and the
     loss (three layers' worth): pp 16 → 4×15 + 1, pp 8 → 8×7 + 5, and the same decoder
-    counts per chunk under vpp."""
+    counts per chunk under vpp. 32 chunks leave too little room (64 slots / 32 = 2 < 3):
+    with MTP the H100 recipe runs them as ``Et|(tt|)*30mL``; without MTP no recipe
+    layout is known and the even split stays."""
     assert case(interpreter, 137).layout.layers_per_stage == (4,) * 15 + (1,)  # pp16 B200
     assert case(interpreter, 43).layout.layers_per_stage == (8,) * 7 + (5,)  # pp8 B300
     assert case(interpreter, 1).layout.layers_per_stage == (4,) * 15 + (1,)  # pp2 × vpp8
-    # 32 chunks leave no recipe layout (64 slots / 32 = 2 < 3): the even split stays.
-    assert case(interpreter, 248).layout.layers_per_stage is None
+    h100 = case(interpreter, 290)  # pp8 × vpp4, MTP
+    assert h100.model.num_mtp_layers == 1
+    assert h100.layout.layers_per_stage == (1,) + (2,) * 30 + (0,)
+    assert case(interpreter, 248).layout.layers_per_stage is None  # pp8 × vpp4, w/o MTP
     # Another source, or another model, keeps the even split.
     assert (
         case(interpreter, 137, source="NVIDIA NeMo performance summary").layout.layers_per_stage

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ndplan.adapters.exporters.megatron import pipeline_layout
 from ndplan.adapters.sinks.files import CsvSink, JsonLinesSink
 from ndplan.bootstrap import bootstrap
 from ndplan.core import search as core_search
@@ -210,8 +211,8 @@ def check_valid(ctx: PricingContext, c: tuple[int, ...]) -> None:
     if vpp > 1:
         assert schedule == "interleaved", c
         assert m % pp == 0, c
-        # an even split, or (where the framework allows) embedding and loss as a layer each,
-        # or an MTP model's room for MTP and the loss on the last chunk
+        # an even split, or (where the framework allows) embedding, loss and MTP as a layer
+        # each, or an MTP model's room for MTP and the loss on the last chunk
         held = 1 + 2 * ctx.model.num_mtp_layers if ctx.model.num_mtp_layers else 0
         even = layers % (pp * vpp) == 0 or (held and (layers + held) % (pp * vpp) == 0)
         if uneven:
@@ -240,31 +241,41 @@ def check_valid(ctx: PricingContext, c: tuple[int, ...]) -> None:
     assert RECOMPUTES[rec] in ("none", "selective", "full", "auto") and offload in (0, 1)
 
 
-def even_vpps(layers: int, pp: int) -> list[int]:
-    """VPPs whose chunks split the layers, or the layers with the embedding and the loss,
-    exactly."""
+def even_vpps(layers: int, pp: int, mtp: int = 0) -> list[int]:
+    """VPPs whose chunks split exactly the layers, or the layers with the embedding, the
+    loss and the MTP blocks as a layer each, or (MTP models) the layers with the last
+    chunk's room for the MTP blocks and the loss (two layers each, one more)."""
+    held = 1 + 2 * mtp if mtp else 0
+
+    def exact(slots: int, chunks: int, last: int) -> bool:
+        return slots % chunks == 0 and slots // chunks >= last
+
     return [
-        v for v in range(2, layers + 3) if layers % (pp * v) == 0 or (layers + 2) % (pp * v) == 0
+        v
+        for v in range(2, layers + held + 3)
+        if layers % (pp * v) == 0
+        or (held and exact(layers + held, pp * v, held))
+        or exact(layers + 2 + mtp, pp * v, 1 + mtp)
     ]
 
 
 def assert_head_counted(
     ctx: PricingContext, pp: int, vpp: int, counts, c, listed: bool = False
 ) -> None:
-    """Counting the embedding and the loss as a layer each, the chunks hold equal slots or
-    one fewer, no stage is more than one slot lighter than the fullest, and a split that
-    is not exact is offered only at a depth where no VPP splits the layers exactly (or
-    the user ``listed`` VPPs)."""
-    layers, chunks = ctx.model.num_layers, pp * vpp
+    """Counting the embedding, the loss and each MTP block as a layer each, the chunks hold
+    equal slots or one fewer, no stage is more than one slot lighter than the fullest,
+    and a split that is not exact is offered only at a depth where no VPP splits the
+    layers exactly (or the user ``listed`` VPPs)."""
+    layers, chunks, mtp = ctx.model.num_layers, pp * vpp, ctx.model.num_mtp_layers
     assert counts is not None and len(counts) == chunks and sum(counts) == layers, c
     slots = list(counts)
     slots[0] += 1
-    slots[-1] += 1
+    slots[-1] += 1 + mtp
     assert max(slots) - min(slots) <= 1, c
     stages = [sum(slots[s::pp]) for s in range(pp)]
     assert max(stages) - min(stages) <= 1, c
-    if (layers + 2) % chunks:
-        assert not ctx.model.num_mtp_layers and (listed or not even_vpps(layers, pp)), c
+    if (layers + 2 + mtp) % chunks:
+        assert listed or not even_vpps(layers, pp, mtp), c
 
 
 @pytest.mark.parametrize(
@@ -937,21 +948,29 @@ def test_layers_that_split_evenly_at_no_depth_interleave_one_slot_short(planner)
     assert planner.estimate(ctx, layout).time.step_s > 0
 
 
-@given(layers=st.integers(1, 200), pp=st.integers(2, 32), vpp=st.integers(2, 16))
-def test_a_head_counted_split_is_one_slot_short_per_stage_at_most(layers, pp, vpp) -> None:
-    """Every layer placed, chunks of equal slots or one fewer (the embedding and the loss a
-    slot each), at most one short slot per stage; None exactly where that cannot be."""
+@given(
+    layers=st.integers(1, 200),
+    pp=st.integers(2, 32),
+    vpp=st.integers(2, 16),
+    mtp=st.integers(0, 2),
+)
+def test_a_head_counted_split_is_one_slot_short_per_stage_at_most(layers, pp, vpp, mtp) -> None:
+    """Every layer placed, chunks of equal slots or one fewer (the embedding, the loss and
+    each MTP block a slot each, the last two on the last chunk), at most one short slot
+    per stage; None exactly where that cannot be."""
     chunks = pp * vpp
-    counts = head_counted_split(layers, pp, chunks)
-    slots = layers + 2
-    short = -(-slots // chunks) * chunks - slots
-    if chunks > slots or short >= pp:
+    counts = head_counted_split(layers, pp, chunks, mtp)
+    slots = layers + 2 + mtp
+    per_chunk = -(-slots // chunks)
+    short = per_chunk * chunks - slots
+    last_slots = per_chunk - (short > 0)  # the last chunk is the first one short
+    if chunks > slots or short >= pp or last_slots < 1 + mtp:
         assert counts is None
         return
     assert (
         counts is not None and len(counts) == chunks and sum(counts) == layers and min(counts) >= 0
     )
-    full = [n + (i == 0) + (i == chunks - 1) for i, n in enumerate(counts)]
+    full = [n + (i == 0) + (1 + mtp) * (i == chunks - 1) for i, n in enumerate(counts)]
     assert set(full) <= {max(full), max(full) - 1}
     assert all(sum(full[s::pp]) >= vpp * max(full) - 1 for s in range(pp))
     if short == 0:  # an exact split: every chunk the same
@@ -981,20 +1000,37 @@ def test_near_even_chunks_only_where_no_vpp_splits_evenly_or_the_user_lists_them
 def test_an_mtp_model_interleaves_over_chunks_that_leave_room_for_mtp(planner) -> None:
     """DeepSeek-V3's 61 layers split evenly over no chunk count; with MTP and the loss
     holding three layers' room on the last chunk, 64 slots run as pp 4 × vpp 4 (4×15 + 1,
-    Megatron-Bridge's layout) and pp 8 × vpp 2."""
+    Megatron-Bridge's layout) and pp 8 × vpp 2. 32 chunks leave the last one 2 slots, too
+    few for that room: there the embedding, the MTP block and the loss count as a layer
+    each, Megatron-Bridge's H100 layout ``Et|(tt|)*30mL`` at pp 8 × vpp 4."""
     ctx, _ = make_ctx(planner, "deepseek-v3", 256, 1024, 4096)
     space = SearchSpace(
         tp=(1,), pp=(4, 8), cp=(1,), ep=(8,), mbs=(1,), zero=(1,), schedule=("interleaved",)
     )
     enum = enumerate_candidates(ctx, space)
-    found = {
-        (f["pp"], f["vpp"]) for f in (dict(zip(FIELDS, c, strict=True)) for c in enum.candidates)
+    fields = [dict(zip(FIELDS, c, strict=True)) for c in enum.candidates]
+    head_counted = core_search.SPLITS.index("embedding+loss as layers")
+    by_degrees = {(f["pp"], f["vpp"]): f["split"] for f in fields}
+    assert by_degrees == {
+        (4, 2): 0,
+        (4, 4): 0,
+        (8, 2): 0,
+        (4, 8): head_counted,
+        (8, 4): head_counted,
     }
-    assert {(4, 4), (8, 2), (4, 2), (8, 4)} - found == {(8, 4)}  # 32 chunks: no room for 3
-    c = next(c for c in enum.candidates if dict(zip(FIELDS, c, strict=True))["vpp"] == 4)
+    c = next(c for c, f in zip(enum.candidates, fields, strict=True) if f["pp"] == f["vpp"] == 4)
     layout = candidate_layout(c, ctx.layer_splits)
     counts = [ch.stop - ch.start for s in ctx.placement(layout) for ch in s.chunks]
     assert sorted(counts) == [1] + [4] * 15 and ctx.placement(layout)[-1].has_mtp
+    c = next(
+        c for c, f in zip(enum.candidates, fields, strict=True) if (f["pp"], f["vpp"]) == (8, 4)
+    )
+    layout = candidate_layout(c, ctx.layer_splits)
+    assert layout.layers_per_stage == (1,) + (2,) * 30 + (0,)
+    assert pipeline_layout(ctx.model, layout) == "Et|" + "tt|" * 30 + "mL"
+    last = ctx.placement(layout)[-1]
+    assert last.has_mtp and last.has_head
+    assert planner.estimate(ctx, layout).time.step_s > 0
 
 
 def test_dualpipev_needs_twice_pp_micro_batches(planner) -> None:
