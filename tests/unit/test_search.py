@@ -276,6 +276,8 @@ def assert_head_counted(
     assert max(stages) - min(stages) <= 1, c
     if (layers + 2 + mtp) % chunks:
         assert listed or not even_vpps(layers, pp, mtp), c
+    else:  # exact: every chunk holds the same slots
+        assert len(set(slots)) == 1, c
 
 
 @pytest.mark.parametrize(
@@ -1018,6 +1020,9 @@ def test_an_mtp_model_interleaves_over_chunks_that_leave_room_for_mtp(planner) -
         (4, 8): head_counted,
         (8, 4): head_counted,
     }
+    for c, f in zip(enum.candidates, fields, strict=True):
+        if f["split"] == head_counted:
+            assert_head_counted(ctx, f["pp"], f["vpp"], layout_of(c, ctx).layers_per_stage, c)
     c = next(c for c, f in zip(enum.candidates, fields, strict=True) if f["pp"] == f["vpp"] == 4)
     layout = candidate_layout(c, ctx.layer_splits)
     counts = [ch.stop - ch.start for s in ctx.placement(layout) for ch in s.chunks]
