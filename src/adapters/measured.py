@@ -247,8 +247,8 @@ def recipe_layers_per_chunk(
         return None
     if mtp_room_splits_evenly(model.num_layers, chunks, mtp_layers=1):
         return default_split(model.num_layers, chunks, mtp_layers=1)
-    if model.num_mtp_layers == 1 and (model.num_layers + 3) % chunks == 0:
-        # exact, so the stage count orders no short slot
+    if model.num_mtp_layers == 1:
+        # One stage may have no short slot: the exact split, or None.
         return head_counted_split(model.num_layers, 1, chunks, mtp_layers=1)
     return None
 
