@@ -242,11 +242,8 @@ def near_tie_note(plans: Sequence[Plan], median_error: float | None, top: int) -
     who = f"all {len(close)} listed plans are" if beyond else f"ranks 1-{len(close)} are"
     more = f", and more may lie beyond -t {top}" if beyond else ""
     shapes = len({p.layout.shape for p in close})
-    hint = (
-        f" ({shapes} shapes among them: --distinct lists one plan per shape)"
-        if shapes < len(close)
-        else ""
-    )
+    among = "all of one shape" if shapes == 1 else f"{shapes} shapes among them"
+    hint = f" ({among}: --distinct lists one plan per shape)" if shapes < len(close) else ""
     return (
         f"{who} within {100 * spread:.1f} % of the best step time, less than the "
         f"calibration's median error on the runs it was fitted to ({100 * median_error:.1f} %): "

@@ -24,7 +24,7 @@ from ndplan.core.errors import (
     field_error,
 )
 from ndplan.core.frameworks import FrameworkTraits
-from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label
+from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label, parse_layout_label
 from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.search import FIELDS, SearchOutcome
 from ndplan.planner import REBALANCE_CONFLICT, PricingOptions
@@ -580,7 +580,9 @@ def search_cmd(
             "--baseline",
             metavar="LAYOUT",
             help="A layout you run today, placed in the ranking: its degrees as "
-            "tp=4,pp=8,vpp=5 (the others searched), or a YAML/JSON file of them or of one "
+            "tp=4,pp=8,vpp=5 or as ndplan prints them ('tp4 pp8×5 dp2 mbs1'; pp8 alone is "
+            "one chunk per stage, pp8×? leaves VPP open; the others searched), or a "
+            "YAML/JSON file of them or of one "
             "plan (`estimate --json`). Prints its exact rank, its gap to the best and its "
             "step-time parts beside the best plan's; --json adds `baseline`. Not with --rebalance.",
             show_default=False,
@@ -851,9 +853,10 @@ BASELINE_KEYS = INT_DIMS | BOOL_DIMS | {"recompute", "schedule"}
 
 
 def baseline_values(text: str, global_batch: int) -> dict[str, int | bool | str]:
-    """``--baseline``: ``tp=4,pp=8,vpp=5``, or a YAML/JSON file of those degrees or of one
-    plan (its ``layout``, as ``estimate --json`` prints it). ``auto`` and null leave a
-    degree to the search."""
+    """``--baseline``: ``tp=4,pp=8,vpp=5``, the layout as ndplan prints it (``tp4 pp8×5 cp1
+    dp2 mbs1 z1``: the baseline line, search-quality.md), or a YAML/JSON file of those
+    degrees or of one plan (its ``layout``, as ``estimate --json`` prints it). ``auto``,
+    ``?`` and null leave a degree to the search."""
     if "=" in text:
         data: Any = {}
         for item in text.replace(",", " ").split():
@@ -867,11 +870,15 @@ def baseline_values(text: str, global_batch: int) -> dict[str, int | bool | str]
             except yaml.YAMLError:
                 data[key] = value
         where = "--baseline"
+    elif not Path(text).exists() and (label := parse_layout_label(text)) is not None:
+        data = label  # as ndplan prints a layout: tp4 pp8×5 cp1 dp2 mbs1 z1
+        where = "--baseline"
     else:
         path = Path(text)
         if not path.exists():
             raise InvalidInputError(
-                f"--baseline {text}: no such file; give degrees as tp=4,pp=8,vpp=5 or a YAML/JSON file"
+                f"--baseline {text}: no such file; give degrees as tp=4,pp=8,vpp=5, as ndplan "
+                "prints a layout (tp4 pp8×5 dp2 mbs1 z1) or a YAML/JSON file"
             )
         data = read_yaml(path, "baseline")
         where = f"--baseline {text}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -30,6 +31,50 @@ def layout_label(values: Mapping[str, Any]) -> str:
         + f" dp{values['dp']} mbs{values['mbs']} z{values['zero']}"
         + (" off" if values.get("offload_optimizer") else "")
     )
+
+
+_LABEL_TOKEN = re.compile(
+    r"(?P<dim>tp|cp|ep|etp|dp|mbs|z)(?P<value>\d+|\?)"
+    r"|pp(?P<pp>\d+|\?)(?:[×xX*](?P<vpp>\d+|\?))?(?P<dualpipe>v)?"
+    r"|(?P<off>off)"
+)
+_LABEL_FIELDS = {"z": "zero"}
+
+
+def parse_layout_label(text: str) -> dict[str, Any] | None:
+    """The degrees of a ``layout_label`` line (``tp4 pp8×4 cp2 dp2 mbs1 z1``), so a layout
+    ndplan printed can be given back as it reads; None when ``text`` is not one.
+
+    ``×`` may be written ``x`` or ``*``. A degree written ``?`` maps to None and a
+    dimension left out is absent: the caller decides what an unstated degree means.
+    ``ppN`` alone is one chunk per stage, as the label writes it (``ppN×?`` leaves VPP
+    open); ``ppNv`` is DualPipeV."""
+    out: dict[str, Any] = {}
+    tokens = text.replace(",", " ").split()
+    if not tokens:
+        return None
+    for token in tokens:
+        match = _LABEL_TOKEN.fullmatch(token)
+        if match is None:
+            return None
+        if match["off"]:
+            fields = {"offload_optimizer": True}
+        elif match["dim"]:
+            fields = {_LABEL_FIELDS.get(match["dim"], match["dim"]): _degree(match["value"])}
+        else:
+            vpp = match["vpp"]
+            fields = {"pp": _degree(match["pp"]), "vpp": 1 if vpp is None else _degree(vpp)}
+            if match["dualpipe"]:
+                fields["schedule"] = "dualpipev"
+        for name in fields:
+            if name in out:
+                return None  # a label states each degree once
+        out.update(fields)
+    return out
+
+
+def _degree(text: str) -> int | None:
+    return None if text == "?" else int(text)
 
 
 def layers_per_chunk_text(counts: tuple[int, ...] | None) -> str | None:

@@ -811,6 +811,10 @@ def test_the_near_tie_note_points_to_one_plan_per_shape_when_variants_fill_the_b
         "(2 shapes among them: --distinct lists one plan per shape)"
     )
     assert "--distinct" not in near_tie_note(_ranked(100, 101, 102), 0.04, top=3)
+    one_shape = _ranked(100, 101, 102, shapes=("a", "a", "a"))
+    assert near_tie_note(one_shape, 0.04, top=3).endswith(
+        "(all of one shape: --distinct lists one plan per shape)"
+    )
 
 
 def test_distinct_lists_the_fastest_plan_of_each_shape(capsys, tmp_path: Path) -> None:
@@ -1029,6 +1033,23 @@ def test_a_baseline_file_takes_a_plan_as_estimate_prints_it(capsys, tmp_path: Pa
     assert placed["rank"] > 3
 
 
+def test_a_baseline_reads_a_layout_as_ndplan_prints_it(capsys) -> None:
+    """The label the baseline line prints (tp2 pp2×2 cp1 dp2 mbs1 z1) is a baseline too: it
+    places that very layout; ``pp2×?`` leaves VPP to the search as ``tp=2,pp=2`` does."""
+    data = search_json(capsys, *TIGHT, "--top", "3", "--baseline", "tp=2,pp=2")
+    layout = data["baseline"]["plan"]["layout"]
+    label = layout_label(layout)
+    again = search_json(capsys, *TIGHT, "--top", "3", "--baseline", label)
+    assert again["baseline"]["plan"] == data["baseline"]["plan"]
+    assert again["baseline"]["rank"] == data["baseline"]["rank"]
+    stated = {k: layout[k] for k in ("tp", "pp", "vpp", "cp", "dp", "mbs", "zero")}
+    if layout["offload_optimizer"]:
+        stated["offload_optimizer"] = True  # the label's "off"
+    assert again["baseline"]["stated"] == stated
+    open_vpp = search_json(capsys, *TIGHT, "--top", "3", "--baseline", "tp2 pp2x?")
+    assert open_vpp["baseline"] == data["baseline"]
+
+
 def test_a_baseline_that_does_not_fit_is_reported_not_fatal(capsys) -> None:
     """The search still ranks; the baseline says why nothing with its degrees fits."""
     argv = ("--top", "2", "--baseline", "tp=1,pp=1,zero=0,recompute=none")
@@ -1048,7 +1069,10 @@ def test_a_baseline_that_does_not_fit_is_reported_not_fatal(capsys) -> None:
         ("tp=two", "--baseline: tp: 'two' is not a whole number"),
         ("tp=3", "--baseline: no layout of 8 devices matches"),
         ("ep=2", "--baseline: ep(2) but the model has no experts"),
-        ("tp2", "--baseline tp2: no such file"),
+        (
+            "tp2 tensor4",
+            "--baseline tp2 tensor4: no such file; give degrees as tp=4,pp=8,vpp=5, as",
+        ),
         ("plans.json", "holds a search's plans"),
         ("split.json", "layers_per_stage: the search tries even and balanced splits only"),
         ("batch.json", "num_microbatches(3) needs dp and mbs"),

@@ -8,6 +8,8 @@ import pkgutil
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 from pydantic._internal._docs_extraction import extract_docstrings_from_cls
 
@@ -17,7 +19,13 @@ from ndplan.core.base import Frozen
 from ndplan.core.cluster import DeviceSpec
 from ndplan.core.errors import ExitCode, InvalidInputError, field_error
 from ndplan.core.job import Job
-from ndplan.core.layout import Layout, SearchSpace, check_layout
+from ndplan.core.layout import (
+    Layout,
+    SearchSpace,
+    check_layout,
+    layout_label,
+    parse_layout_label,
+)
 from ndplan.core.model import DenseFFN, LayerKind, ModelSpec, MoEFFN, StandardAttention
 
 
@@ -358,6 +366,48 @@ def test_layout_label_names_the_degrees_it_needs() -> None:
     # DualPipeV's two chunks per stage are its schedule, not a VPP: `v`, as the table has it.
     v_shape = Layout(dp=4, pp=4, ep=4, mbs=1, num_microbatches=16, schedule="dualpipev")
     assert v_shape.label == "tp1 pp4v cp1 ep4 dp4 mbs1 z0"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4, 8]),
+    pp=st.integers(1, 16),
+    vpp=st.integers(1, 8),
+    cp=st.sampled_from([1, 2, 4]),
+    ep=st.sampled_from([1, 2, 8, 64]),
+    dp=st.integers(1, 64),
+    mbs=st.integers(1, 16),
+    zero=st.integers(0, 3),
+    offload=st.booleans(),
+    dualpipe=st.booleans(),
+)
+def test_a_layout_label_reads_back_as_the_degrees_it_shows(
+    tp, pp, vpp, cp, ep, dp, mbs, zero, offload, dualpipe
+) -> None:
+    """parse_layout_label is layout_label's inverse: every degree the label shows comes
+    back (VPP 1 where it shows none; DualPipeV as its schedule), nothing else."""
+    values = dict(tp=tp, pp=pp, vpp=1 if dualpipe else vpp, cp=cp, ep=ep, dp=dp, mbs=mbs)
+    values |= dict(zero=zero, offload_optimizer=offload)
+    if dualpipe:
+        values["schedule"] = "dualpipev"
+    back = parse_layout_label(layout_label(values))
+    shown = {k: v for k, v in values.items() if not (k == "ep" and v == 1)}
+    if not offload:
+        del shown["offload_optimizer"]
+    assert back == shown
+
+
+def test_a_layout_label_may_leave_degrees_open_and_rejects_what_is_not_one() -> None:
+    assert parse_layout_label("tp4 pp8x? dp2 mbs?") == {
+        "tp": 4,
+        "pp": 8,
+        "vpp": None,
+        "dp": 2,
+        "mbs": None,
+    }
+    assert parse_layout_label("tp2,pp4*2") == {"tp": 2, "pp": 4, "vpp": 2}
+    for text in ("", "tp=4", "tp4 tp2", "tp4 pipeline2", "pp4×", "z", "tp4.5"):
+        assert parse_layout_label(text) is None, text
 
 
 def test_a_validation_error_reads_as_one_line_naming_the_field() -> None:
