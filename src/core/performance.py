@@ -138,6 +138,100 @@ class Links:
     pp: GroupLink
 
 
+class _LayerOps:
+    """A layer's forward ops as they are built, with the model FLOPs they run and those
+    each recompute switch re-runs; started from another's (the mixer's) to go on."""
+
+    __slots__ = (
+        "backward_gemms",
+        "cast",
+        "ctx",
+        "flops",
+        "lp",
+        "model",
+        "ops",
+        "rec_flops",
+        "sigma",
+    )
+
+    def __init__(
+        self,
+        model: NdplanCostModel,
+        ctx: PricingContext,
+        sigma: int,
+        ops: Sequence[Op] = (),
+        flops: float = 0.0,
+        rec_flops: Mapping[str, float] | None = None,
+    ) -> None:
+        job = ctx.settings
+        self.model = model
+        self.ctx = ctx
+        self.sigma = sigma
+        self.lp = job.is_low_precision
+        # Frozen weights (LoRA) need no weight-gradient GEMM: the backward is dgrad only.
+        self.backward_gemms = 1.0 if job.finetune == "lora" else 2.0
+        # Quantise a linear input: read bf16, write its fp8 layouts (one where the
+        # tensor cores take per-tensor fp8 in any layout, else rowwise and columnwise).
+        self.cast = (
+            ACTIVATION_BYTES + low_precision_copies(job.precision, ctx.device) if self.lp else 0.0
+        )
+        self.ops: list[Op] = list(ops)
+        self.flops = flops
+        self.rec_flops: dict[str, float] = dict(rec_flops or {})
+
+    def gemm(
+        self,
+        name: str,
+        m: float,
+        k: float,
+        nn: float,
+        switches=(),
+        count: float = 1.0,
+        low_precision: bool | None = None,
+        routed: bool = False,
+        gathered: bool = False,
+        recomputed_share: tuple[float, str] | None = None,
+    ) -> None:
+        """One GEMM op; ``recomputed_share`` (share, switch): that share of it (a fused
+        projection's part) is recomputed under one more switch."""
+        model, ctx = self.model, self.ctx
+        fwd = model._gemm_s(ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed)
+        if (low_precision is None and self.lp) or low_precision:
+            # A column-parallel input that arrives through the SP all-gather is quantised
+            # on the rank's own shard before the gather (Transformer Engine), so the cast
+            # is not repeated on every TP rank.
+            cast_rows = m / self.sigma if gathered else m
+            fwd += model._hbm_s(ctx, self.cast * cast_rows * k * count)
+        f = 2.0 * m * k * nn * count
+        self.flops += f
+        rec_flops = self.rec_flops
+        for sw in switches:
+            rec_flops[sw] = rec_flops.get(sw, 0.0) + f
+        bwd_gemms = self.backward_gemms
+        if recomputed_share is None:
+            self.ops.append(Op(name, fwd, bwd_gemms * fwd, frozenset(switches), kernels=2))
+            return
+        share, extra = recomputed_share
+        kept, part = fwd * (1 - share), fwd * share
+        self.ops.append(Op(name, kept, bwd_gemms * kept, frozenset(switches), kernels=1))
+        self.ops.append(
+            Op(name + "_part", part, bwd_gemms * part, frozenset({*switches, extra}), 1)
+        )
+        if extra not in switches:
+            rec_flops[extra] = rec_flops.get(extra, 0.0) + f * share
+
+    def elementwise(
+        self,
+        name: str,
+        nbytes: float,
+        switches=(),
+        backward_factor: float = 2.0,
+        kernels: int = 1,
+    ) -> None:
+        fwd = self.model._hbm_s(self.ctx, nbytes)
+        self.ops.append(Op(name, fwd, backward_factor * fwd, frozenset(switches), kernels))
+
+
 class NdplanCostModel:
     """ndplan's analytic step-time model (the default CostModel)."""
 
@@ -266,14 +360,126 @@ class NdplanCostModel:
     # ------------------------------------------------------------------ per layer
 
     def layer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
-        # A layer's cost depends on the degrees that shard it, not on dp or pp.
-        key = ("layer_cost", kind.name, *layer_key(layout))
+        # A layer's cost depends on the degrees that shard it, not on dp or pp; EP and
+        # expert TP shard only routed experts, so a layer without them (DeepSeek-V3's
+        # first three) is priced once for every EP and expert TP the search pairs it with.
+        # The schedule leaves the cost alone (DualPipeV changes what is hidden: layer_s).
+        key = ("layer_cost", kind.name, layout.tp, layout.cp, layout.sequence_parallel, layout.mbs)
+        if isinstance(kind.ffn, MoEFFN):
+            key += (layout.ep, layout.expert_tp)
         found = ctx.cache.get(key)
         if found is None:
             found = ctx.cache[key] = self._layer_cost(ctx, layout, kind)
         return found
 
     def _layer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
+        """The mixer's cost (shared by every EP and expert TP) and the FFN's after it."""
+        mixer = self._mixer_cost(ctx, layout, kind)
+        job = ctx.settings
+        h = ctx.model.hidden_size
+        t = layout.tp
+        sigma = t if layout.sequence_parallel else 1
+        n = layout.mbs * ctx.job.seq_length / layout.cp
+        ab = ACTIVATION_BYTES
+        eff = self.efficiency(ctx)
+        # Continue the mixer's ops and sums, so they add up in the same order as one pass.
+        b = _LayerOps(self, ctx, sigma, mixer.ops, mixer.flops, mixer.recompute_flops)
+        gemm, elementwise = b.gemm, b.elementwise
+        per_op = per_op_policy_applies(ctx.framework, isinstance(kind.attention, StandardAttention))
+
+        ffn = kind.ffn
+        ep_fwd = 0.0
+        if isinstance(ffn, DenseFFN):
+            width = ffn.intermediate_size
+            gemm(
+                "fc1",
+                n,
+                h,
+                (2 if ffn.gated else 1) * width / t,
+                gathered=True,
+                recomputed_share=(0.5, "op") if ffn.gated and per_op else None,
+            )
+            elementwise("activation", (3 if ffn.gated else 2) * ab * n * width / t, ("act", "op"))
+            gemm("fc2", n, width / t, h)
+        else:
+            moe: MoEFFN = ffn
+            sync = eff.moe_layer_overhead_us * 1e-6
+            b.ops.append(Op("moe_sync", sync, sync, frozenset(("moe_ffn",))))
+            gemm("router", n / sigma, h, moe.num_experts, low_precision=False)
+            elementwise("routing", 4 * 2 * n / sigma * moe.num_experts)
+            copies = n / sigma * moe.top_k * job.moe_capacity_factor * layout.expert_tp
+            local_experts = moe.num_experts / layout.ep
+            per_expert = copies / local_experts
+            width = moe.expert_intermediate_size / layout.expert_tp
+            elementwise("permute", 2 * 2 * ab * copies * h, ("moe_ffn",))
+            gemm(
+                "expert_fc1",
+                per_expert,
+                h,
+                (2 if moe.gated else 1) * width,
+                ("moe_ffn",),
+                count=local_experts,
+                routed=True,
+            )
+            elementwise(
+                "expert_activation",
+                (3 if moe.gated else 2) * ab * copies * width,
+                ("act", "moe_ffn", "op"),
+            )
+            gemm(
+                "expert_fc2",
+                per_expert,
+                width,
+                h,
+                ("moe_ffn",),
+                count=local_experts,
+                routed=True,
+            )
+            if moe.shared_intermediate_size:
+                gemm(
+                    "shared_fc1",
+                    n,
+                    h,
+                    (2 if moe.gated else 1) * moe.shared_intermediate_size / t,
+                    gathered=True,
+                )
+                elementwise(
+                    "shared_activation",
+                    (3 if moe.gated else 2) * ab * n * moe.shared_intermediate_size / t,
+                    ("act", "op"),
+                )
+                gemm("shared_fc2", n, moe.shared_intermediate_size / t, h)
+            if layout.ep > 1:
+                # Dispatch and combine: every token copy's hidden vector crosses the EP group.
+                per_rank = copies / layout.expert_tp * h * ab
+                ep_fwd = 2 * all_to_all_s(self.links(ctx, layout).ep, per_rank)
+
+        kernels = sum(op.kernels for op in b.ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
+        return LayerCost(
+            ops=tuple(b.ops),
+            tp_forward_s=mixer.tp_forward_s,
+            tp_backward_s=mixer.tp_backward_s,
+            sp_regather_s=mixer.sp_regather_s,
+            cp_forward_s=mixer.cp_forward_s,
+            cp_backward_s=mixer.cp_backward_s,
+            cp_ring_steps=mixer.cp_ring_steps,
+            ep_forward_s=ep_fwd,
+            ep_backward_s=ep_fwd,
+            attention_forward_s=mixer.attention_forward_s,
+            launch_s=kernels * eff.kernel_launch_us * 1e-6,
+            flops=b.flops,
+            recompute_flops=b.rec_flops,
+        )
+
+    def _mixer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
+        """The layer up to its FFN — norms, residual adds, the attention (or linear mixer)
+        with its TP and CP traffic — as a LayerCost without FFN, EP or launches: it
+        depends on tp, cp, sp and the micro-batch only, so the EP and expert-TP variants
+        of a MoE layer share it (memoised on those)."""
+        key = ("layer_mixer", kind.name, layout.tp, layout.cp, layout.sequence_parallel, layout.mbs)
+        found = ctx.cache.get(key)
+        if found is not None:
+            return found
         job = ctx.settings
         h = ctx.model.hidden_size
         t = layout.tp
@@ -286,62 +492,9 @@ class NdplanCostModel:
         ring_cp = layout.cp > 1 and job.cp_kind != "all_to_all"
         ab = ACTIVATION_BYTES
         lp = job.is_low_precision
-        backward_gemms = 1.0 if job.finetune == "lora" else 2.0
-        # Quantise a linear input: read bf16, write its fp8 layouts (one where the
-        # tensor cores take per-tensor fp8 in any layout, else rowwise and columnwise).
-        cast = ab + low_precision_copies(job.precision, ctx.device) if lp else 0.0
         links = self.links(ctx, layout)
-        ops: list[Op] = []
-        rec_flops: dict[str, float] = {}
-        flops = 0.0
-
-        def gemm(
-            name: str,
-            m: float,
-            k: float,
-            nn: float,
-            switches=(),
-            count: float = 1.0,
-            low_precision: bool | None = None,
-            routed: bool = False,
-            gathered: bool = False,
-            recomputed_share: tuple[float, str] | None = None,
-        ) -> None:
-            """One GEMM op; ``recomputed_share`` (share, switch): that share of it (a
-            fused projection's part) is recomputed under one more switch."""
-            nonlocal flops
-            fwd = self._gemm_s(
-                ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed
-            )
-            if (low_precision is None and lp) or low_precision:
-                # A column-parallel input that arrives through the SP all-gather is
-                # quantised on the rank's own shard before the gather (Transformer
-                # Engine), so the cast is not repeated on every TP rank.
-                cast_rows = m / sigma if gathered else m
-                fwd += self._hbm_s(ctx, cast * cast_rows * k * count)
-            # Frozen weights (LoRA) need no weight-gradient GEMM: the backward is dgrad only.
-            f = 2.0 * m * k * nn * count
-            flops += f
-            for sw in switches:
-                rec_flops[sw] = rec_flops.get(sw, 0.0) + f
-            if recomputed_share is None:
-                ops.append(Op(name, fwd, backward_gemms * fwd, frozenset(switches), kernels=2))
-                return
-            share, extra = recomputed_share
-            kept, part = fwd * (1 - share), fwd * share
-            ops.append(Op(name, kept, backward_gemms * kept, frozenset(switches), kernels=1))
-            ops.append(
-                Op(name + "_part", part, backward_gemms * part, frozenset({*switches, extra}), 1)
-            )
-            if extra not in switches:
-                rec_flops[extra] = rec_flops.get(extra, 0.0) + f * share
-
-        def elementwise(
-            name: str, nbytes: float, switches=(), backward_factor: float = 2.0, kernels: int = 1
-        ) -> None:
-            fwd = self._hbm_s(ctx, nbytes)
-            ops.append(Op(name, fwd, backward_factor * fwd, frozenset(switches), kernels))
-
+        b = _LayerOps(self, ctx, sigma)
+        gemm, elementwise, ops = b.gemm, b.elementwise, b.ops
         att = kind.attention
         # torchtitan's per-op policy ("op") on a standard layer: its matmuls in call order
         # are q, k, v, out, gate, up, down; the even ones (k, out, up) are recomputed with
@@ -435,75 +588,8 @@ class NdplanCostModel:
                 kernels=2,
             )
         )
-        flops += att_flops
-        rec_flops["core_attn"] = rec_flops.get("core_attn", 0.0) + att_flops
-
-        ffn = kind.ffn
-        ep_fwd = 0.0
-        if isinstance(ffn, DenseFFN):
-            width = ffn.intermediate_size
-            gemm(
-                "fc1",
-                n,
-                h,
-                (2 if ffn.gated else 1) * width / t,
-                gathered=True,
-                recomputed_share=(0.5, "op") if ffn.gated and per_op else None,
-            )
-            elementwise("activation", (3 if ffn.gated else 2) * ab * n * width / t, ("act", "op"))
-            gemm("fc2", n, width / t, h)
-        else:
-            moe: MoEFFN = ffn
-            sync = eff.moe_layer_overhead_us * 1e-6
-            ops.append(Op("moe_sync", sync, sync, frozenset(("moe_ffn",))))
-            gemm("router", n / sigma, h, moe.num_experts, low_precision=False)
-            elementwise("routing", 4 * 2 * n / sigma * moe.num_experts)
-            copies = n / sigma * moe.top_k * job.moe_capacity_factor * layout.expert_tp
-            local_experts = moe.num_experts / layout.ep
-            per_expert = copies / local_experts
-            width = moe.expert_intermediate_size / layout.expert_tp
-            elementwise("permute", 2 * 2 * ab * copies * h, ("moe_ffn",))
-            gemm(
-                "expert_fc1",
-                per_expert,
-                h,
-                (2 if moe.gated else 1) * width,
-                ("moe_ffn",),
-                count=local_experts,
-                routed=True,
-            )
-            elementwise(
-                "expert_activation",
-                (3 if moe.gated else 2) * ab * copies * width,
-                ("act", "moe_ffn", "op"),
-            )
-            gemm(
-                "expert_fc2",
-                per_expert,
-                width,
-                h,
-                ("moe_ffn",),
-                count=local_experts,
-                routed=True,
-            )
-            if moe.shared_intermediate_size:
-                gemm(
-                    "shared_fc1",
-                    n,
-                    h,
-                    (2 if moe.gated else 1) * moe.shared_intermediate_size / t,
-                    gathered=True,
-                )
-                elementwise(
-                    "shared_activation",
-                    (3 if moe.gated else 2) * ab * n * moe.shared_intermediate_size / t,
-                    ("act", "op"),
-                )
-                gemm("shared_fc2", n, moe.shared_intermediate_size / t, h)
-            if layout.ep > 1:
-                # Dispatch and combine: every token copy's hidden vector crosses the EP group.
-                per_rank = copies / layout.expert_tp * h * ab
-                ep_fwd = 2 * all_to_all_s(links.ep, per_rank)
+        b.flops += att_flops
+        b.rec_flops["core_attn"] = b.rec_flops.get("core_attn", 0.0) + att_flops
 
         # TP: SP gathers/scatters (or all-reduces) of the hidden state, twice per layer
         # each way (attention and FFN blocks). In low precision the gathered linear inputs
@@ -537,8 +623,7 @@ class NdplanCostModel:
                 width = (2 * heads_local * self._head_dim(att) * ab) + kv_bytes_per_token
                 cp_fwd = all_to_all_s(links.cp, n * width)
                 cp_bwd = cp_fwd
-        kernels = sum(op.kernels for op in ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
-        return LayerCost(
+        found = ctx.cache[key] = LayerCost(
             ops=tuple(ops),
             tp_forward_s=tp_fwd,
             tp_backward_s=tp_bwd,
@@ -546,13 +631,14 @@ class NdplanCostModel:
             cp_forward_s=cp_fwd,
             cp_backward_s=cp_bwd,
             cp_ring_steps=cp_steps,
-            ep_forward_s=ep_fwd,
-            ep_backward_s=ep_fwd,
+            ep_forward_s=0.0,
+            ep_backward_s=0.0,
             attention_forward_s=attention_s,
-            launch_s=kernels * eff.kernel_launch_us * 1e-6,
-            flops=flops,
-            recompute_flops=rec_flops,
+            launch_s=0.0,
+            flops=b.flops,
+            recompute_flops=b.rec_flops,
         )
+        return found
 
     @staticmethod
     def _cp_exposed(cost: LayerCost, ov: Overlap, cp: int) -> tuple[float, float]:

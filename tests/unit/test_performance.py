@@ -1107,6 +1107,37 @@ def test_empty_gemms_cost_nothing() -> None:
 # ----------------------------------------------------------------------------- real layers
 
 
+def test_layer_costs_memoised_across_ep_and_expert_tp_equal_fresh_ones() -> None:
+    """A layer's cost is memoised on fewer degrees than layer_key: a layer without routed
+    experts on tp, cp, sp and the micro-batch only, and a MoE layer's mixer (all but its
+    FFN) on those too, shared by its EP and expert-TP variants. Priced in one context, in
+    an order that reuses both, every cost equals the one a fresh context computes; and a
+    fresh dense layer's cost is the same whatever EP and expert TP are (why its key may
+    leave them out)."""
+    model = moe_model()
+    layouts = [
+        Layout(tp=tp, cp=cp, dp=32 // (tp * cp), ep=ep, etp=etp, mbs=mbs, sp=sp, num_microbatches=1)
+        for tp in (1, 2, 4)
+        for sp in ({False, tp > 1})
+        for cp in (1, 2)
+        for mbs in (1, 2)
+        for etp in sorted({1, tp})
+        for ep in (1, 2, 4, 8, 16)
+        if ep * etp <= 32
+    ]
+    shared = make_ctx(layouts[0], model, precision="fp8")
+    cm = NdplanCostModel(NO_OVERHEAD)
+    dense_by_degrees: dict[tuple, LayerCost] = {}
+    for layout in layouts:
+        for kind in (DENSE, MOE):
+            fresh = cm.layer_cost(make_ctx(layout, model, precision="fp8"), layout, kind)
+            assert cm.layer_cost(shared, layout, kind) == fresh, (layout, kind.name)
+        degrees = (layout.tp, layout.cp, layout.sequence_parallel, layout.mbs)
+        fresh_dense = cm.layer_cost(make_ctx(layout, model, precision="fp8"), layout, DENSE)
+        assert dense_by_degrees.setdefault(degrees, fresh_dense) == fresh_dense, layout
+    assert len(dense_by_degrees) < len(layouts) / 4  # the EP variants did share
+
+
 def test_tp_all_reduce_by_hand() -> None:
     """TP = 8 without SP on one H100 node: two all-reduces of s·b·h per layer, each way."""
     layout = Layout(tp=8, mbs=2, num_microbatches=2)
