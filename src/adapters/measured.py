@@ -436,10 +436,11 @@ class RunInterpreter:
                 # Megatron-Bridge pairs Megatron-FSDP with activation offload
                 # (cpu_offloading_num_layers in its Llama-3/3.1 performance recipes).
                 activation_offload=True if short == "megatron-bridge" and zero == 3 else None,
-                # NeMo's and Megatron-Bridge's recipes defer the output layer's weight
+                # NeMo 2.0's and Megatron-Bridge's recipes defer the output layer's weight
                 # gradient to the pipeline drain, 22 micro-batches a step (their
-                # CommOverlapConfig); Megatron-Core leaves it off.
-                defer_embedding_wgrad=True if nvidia_perf else None,
+                # CommOverlapConfig); Megatron-Core leaves it off, and so do NeMo 1.0's
+                # launcher configs (NeMo 24.x), which never set it.
+                defer_embedding_wgrad=(not nemo_1) if nvidia_perf else None,
                 finetune="lora" if row.get("workload", "").lower() == "lora" else "full",
                 document_tokens=SQUAD_DOCUMENT_TOKENS if packs_squad(row, short) else None,
             )
