@@ -383,8 +383,8 @@ class NdplanCostModel:
         ab = ACTIVATION_BYTES
         eff = self.efficiency(ctx)
         # Continue the mixer's ops and sums, so they add up in the same order as one pass.
-        b = _LayerOps(self, ctx, sigma, mixer.ops, mixer.flops, mixer.recompute_flops)
-        gemm, elementwise = b.gemm, b.elementwise
+        built = _LayerOps(self, ctx, sigma, mixer.ops, mixer.flops, mixer.recompute_flops)
+        gemm, elementwise = built.gemm, built.elementwise
         per_op = per_op_policy_applies(ctx.framework, isinstance(kind.attention, StandardAttention))
 
         ffn = kind.ffn
@@ -404,7 +404,7 @@ class NdplanCostModel:
         else:
             moe: MoEFFN = ffn
             sync = eff.moe_layer_overhead_us * 1e-6
-            b.ops.append(Op("moe_sync", sync, sync, frozenset(("moe_ffn",))))
+            built.ops.append(Op("moe_sync", sync, sync, frozenset(("moe_ffn",))))
             gemm("router", n / sigma, h, moe.num_experts, low_precision=False)
             elementwise("routing", 4 * 2 * n / sigma * moe.num_experts)
             copies = n / sigma * moe.top_k * job.moe_capacity_factor * layout.expert_tp
@@ -454,9 +454,9 @@ class NdplanCostModel:
                 per_rank = copies / layout.expert_tp * h * ab
                 ep_fwd = 2 * all_to_all_s(self.links(ctx, layout).ep, per_rank)
 
-        kernels = sum(op.kernels for op in b.ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
+        kernels = sum(op.kernels for op in built.ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
         return LayerCost(
-            ops=tuple(b.ops),
+            ops=tuple(built.ops),
             tp_forward_s=mixer.tp_forward_s,
             tp_backward_s=mixer.tp_backward_s,
             sp_regather_s=mixer.sp_regather_s,
@@ -467,8 +467,8 @@ class NdplanCostModel:
             ep_backward_s=ep_fwd,
             attention_forward_s=mixer.attention_forward_s,
             launch_s=kernels * eff.kernel_launch_us * 1e-6,
-            flops=b.flops,
-            recompute_flops=b.rec_flops,
+            flops=built.flops,
+            recompute_flops=built.rec_flops,
         )
 
     def _mixer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
@@ -493,8 +493,8 @@ class NdplanCostModel:
         ab = ACTIVATION_BYTES
         lp = job.is_low_precision
         links = self.links(ctx, layout)
-        b = _LayerOps(self, ctx, sigma)
-        gemm, elementwise, ops = b.gemm, b.elementwise, b.ops
+        built = _LayerOps(self, ctx, sigma)
+        gemm, elementwise, ops = built.gemm, built.elementwise, built.ops
         att = kind.attention
         # torchtitan's per-op policy ("op") on a standard layer: its matmuls in call order
         # are q, k, v, out, gate, up, down; the even ones (k, out, up) are recomputed with
@@ -588,8 +588,8 @@ class NdplanCostModel:
                 kernels=2,
             )
         )
-        b.flops += att_flops
-        b.rec_flops["core_attn"] = b.rec_flops.get("core_attn", 0.0) + att_flops
+        built.flops += att_flops
+        built.rec_flops["core_attn"] = built.rec_flops.get("core_attn", 0.0) + att_flops
 
         # TP: SP gathers/scatters (or all-reduces) of the hidden state, twice per layer
         # each way (attention and FFN blocks). In low precision the gathered linear inputs
@@ -635,8 +635,8 @@ class NdplanCostModel:
             ep_backward_s=0.0,
             attention_forward_s=attention_s,
             launch_s=0.0,
-            flops=b.flops,
-            recompute_flops=b.rec_flops,
+            flops=built.flops,
+            recompute_flops=built.rec_flops,
         )
         return found
 
