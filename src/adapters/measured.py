@@ -414,6 +414,15 @@ class RunInterpreter:
             "NeMo 24."
         )
         job_framework = "torchtitan" if framework == "composer" else framework
+        # Deferring the output layer's weight gradient to the pipeline drain (22
+        # micro-batches a step) is off in Megatron-Core and in Megatron-Bridge's
+        # CommOverlapConfig unless a recipe sets it: its Llama recipes do, its DeepSeek-V3,
+        # Kimi K2, Qwen3 and GPT-OSS performance configs do not. NeMo 2.0's recipes
+        # (NeMo 25.x) set it; NeMo 1.0's launcher configs (NeMo 24.x) never do.
+        if short == "megatron-bridge":
+            defers_head_wgrad: bool | None = _family(model, label) == "llama"
+        else:
+            defers_head_wgrad = (not nemo_1) if nvidia_perf else None
         try:
             job = Job(
                 global_batch_size=gbs,
@@ -436,11 +445,7 @@ class RunInterpreter:
                 # Megatron-Bridge pairs Megatron-FSDP with activation offload
                 # (cpu_offloading_num_layers in its Llama-3/3.1 performance recipes).
                 activation_offload=True if short == "megatron-bridge" and zero == 3 else None,
-                # NeMo 2.0's and Megatron-Bridge's recipes defer the output layer's weight
-                # gradient to the pipeline drain, 22 micro-batches a step (their
-                # CommOverlapConfig); Megatron-Core leaves it off, and so do NeMo 1.0's
-                # launcher configs (NeMo 24.x), which never set it.
-                defer_embedding_wgrad=(not nemo_1) if nvidia_perf else None,
+                defer_embedding_wgrad=defers_head_wgrad,
                 finetune="lora" if row.get("workload", "").lower() == "lora" else "full",
                 document_tokens=SQUAD_DOCUMENT_TOKENS if packs_squad(row, short) else None,
             )

@@ -388,16 +388,24 @@ def test_nemo_1_rows_keep_bf16_weights_beside_their_fp8_copies(
 def test_nvidia_recipe_rows_defer_the_output_layer_weight_gradient(
     planner: Planner, interpreter: RunInterpreter
 ) -> None:
-    """NeMo 2.0's and Megatron-Bridge's recipes defer the last stage's output-layer weight
-    gradient to the pipeline drain (22 micro-batches); NeMo 1.0's launcher configs (the
-    NeMo 24.x rows) never set it, and Megatron-LM's own rows keep Megatron-Core's
-    default: off."""
+    """NeMo 2.0's recipes and Megatron-Bridge's Llama recipes defer the last stage's
+    output-layer weight gradient to the pipeline drain (22 micro-batches); Megatron-Bridge's
+    MoE performance configs and NeMo 1.0's launcher configs (the NeMo 24.x rows) never set
+    it, and Megatron-LM's own rows keep Megatron-Core's default: off."""
     row = case(interpreter, 80)  # Megatron-Bridge, Llama-3 70B, tp4 pp8×5, 128 micro-batches
     assert row.job.defer_embedding_wgrad is True and row.layout.pp == 8
-    for other in (331, 340, 36):  # NeMo 25.02 and 25.04, Megatron-Bridge
+    for other in (331, 340, 36):  # NeMo 25.02 and 25.04, Megatron-Bridge Llama 3.1 405B
         assert case(interpreter, other).job.defer_embedding_wgrad is True
-    for nemo_1 in (300, 302, 321):  # NeMo 24.07 and the 24.03.01 long-sequence rows
-        assert case(interpreter, nemo_1).job.defer_embedding_wgrad is False
+    for off in (
+        300,
+        302,
+        321,
+        2,
+        53,
+        96,
+        264,
+    ):  # NeMo 24.x; Bridge's DeepSeek, Kimi, GPT-OSS, Qwen3
+        assert case(interpreter, off).job.defer_embedding_wgrad is False, off
     assert case(interpreter, 349).job.defer_embedding_wgrad is None  # Megatron-LM README
     ctx = planner.context(row.model, row.device, row.num_devices, row.job)
     assert ctx.deferred_head_wgrads(row.layout) == 22
