@@ -414,13 +414,14 @@ class RunInterpreter:
             "NeMo 24."
         )
         job_framework = "torchtitan" if framework == "composer" else framework
+        family = _family(model, label)
         # Deferring the output layer's weight gradient to the pipeline drain (22
         # micro-batches a step) is off in Megatron-Core and in Megatron-Bridge's
         # CommOverlapConfig unless a recipe sets it: its Llama recipes do, its DeepSeek-V3,
         # Kimi K2, Qwen3 and GPT-OSS performance configs do not. NeMo 2.0's recipes
         # (NeMo 25.x) set it; NeMo 1.0's launcher configs (NeMo 24.x) never do.
         if short == "megatron-bridge":
-            defers_head_wgrad: bool | None = _family(model, label) == "llama"
+            defers_head_wgrad: bool | None = family == "llama"
         else:
             defers_head_wgrad = (not nemo_1) if nvidia_perf else None
         try:
@@ -483,7 +484,7 @@ class RunInterpreter:
             row_id=row_id,
             source=short,
             model_label=label,
-            family=_family(model, label),
+            family=family,
             hardware=device.id,
             moe=moe,
             check="CHECK:" in notes,

@@ -138,6 +138,12 @@ class Links:
     pp: GroupLink
 
 
+def _mixer_degrees(layout: Layout) -> tuple[int, int, bool, int]:
+    """The degrees a layer's mixer (and a layer without routed experts) is priced on:
+    tp, cp, sp and the micro-batch."""
+    return (layout.tp, layout.cp, layout.sequence_parallel, layout.mbs)
+
+
 class _LayerOps:
     """A layer's forward ops as they are built, with the model FLOPs they run and those
     each recompute switch re-runs; started from another's (the mixer's) to go on."""
@@ -364,7 +370,7 @@ class NdplanCostModel:
         # expert TP shard only routed experts, so a layer without them (DeepSeek-V3's
         # first three) is priced once for every EP and expert TP the search pairs it with.
         # The schedule leaves the cost alone (DualPipeV changes what is hidden: layer_s).
-        key = ("layer_cost", kind.name, layout.tp, layout.cp, layout.sequence_parallel, layout.mbs)
+        key = ("layer_cost", kind.name, *_mixer_degrees(layout))
         if isinstance(kind.ffn, MoEFFN):
             key += (layout.ep, layout.expert_tp)
         found = ctx.cache.get(key)
@@ -476,7 +482,7 @@ class NdplanCostModel:
         with its TP and CP traffic — as a LayerCost without FFN, EP or launches: it
         depends on tp, cp, sp and the micro-batch only, so the EP and expert-TP variants
         of a MoE layer share it (memoised on those)."""
-        key = ("layer_mixer", kind.name, layout.tp, layout.cp, layout.sequence_parallel, layout.mbs)
+        key = ("layer_mixer", kind.name, *_mixer_degrees(layout))
         found = ctx.cache.get(key)
         if found is not None:
             return found
