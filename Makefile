@@ -23,8 +23,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ndplan demo
 
+# One pytest worker per core; whole files go to one worker, so a file's module-scoped
+# fixtures (a local Ray instance, an installed test plugin) are set up once.
+TEST_WORKERS ?= auto
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The property suites on fresh random examples (`make test` draws the same ones every
 # run); FUZZ_RUNS runs, each on a new seed.

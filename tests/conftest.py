@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -18,6 +19,12 @@ settings.register_profile("reproducible", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("reproducible")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers set COLUMNS=80 and LINES=24; the CLI takes COLUMNS as a
+    # terminal's width. The suite checks what a pipe gets, as a serial run sees it.
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
 REPO = Path(__file__).resolve().parents[1]
 # Copies of the published measurements and Megatron-LM's reference vectors, so the
 # suite runs from a clean clone with nothing beside it.
@@ -28,8 +35,24 @@ SHARED_DATA = REPO / "tests" / "data" / "shared"
 def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build the project's wheel once per session (editable installs hide missing files)."""
     out = tmp_path_factory.mktemp("wheel")
+    # Built from a copy of what the wheel is made of: setuptools writes build/ and
+    # *.egg-info beside the sources, and under `make test` each pytest worker may build.
+    project = tmp_path_factory.mktemp("project")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, project / name)
+    shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(out), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "-w",
+            str(out),
+            str(project),
+        ],
         check=True,
     )
     (wheel,) = out.glob("ndplan-*.whl")
