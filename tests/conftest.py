@@ -41,20 +41,8 @@ def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, project / name)
     shutil.copytree(REPO / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__"))
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "-w",
-            str(out),
-            str(project),
-        ],
-        check=True,
-    )
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
+    subprocess.run([*pip_wheel, "-w", str(out), str(project)], check=True)
     (wheel,) = out.glob("ndplan-*.whl")
     return wheel
 

@@ -396,15 +396,8 @@ def test_nvidia_recipe_rows_defer_the_output_layer_weight_gradient(
     assert row.job.defer_embedding_wgrad is True and row.layout.pp == 8
     for other in (331, 340, 36):  # NeMo 25.02 and 25.04, Megatron-Bridge Llama 3.1 405B
         assert case(interpreter, other).job.defer_embedding_wgrad is True
-    for off in (
-        300,
-        302,
-        321,
-        2,
-        53,
-        96,
-        264,
-    ):  # NeMo 24.x; Bridge's DeepSeek, Kimi, GPT-OSS, Qwen3
+    # NeMo 24.x (300, 302, 321); Megatron-Bridge's DeepSeek, Kimi, GPT-OSS, Qwen3 (2, 53, 96, 264)
+    for off in (300, 302, 321, 2, 53, 96, 264):
         assert case(interpreter, off).job.defer_embedding_wgrad is False, off
     assert case(interpreter, 349).job.defer_embedding_wgrad is None  # Megatron-LM README
     ctx = planner.context(row.model, row.device, row.num_devices, row.job)
