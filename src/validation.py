@@ -578,6 +578,13 @@ def fit_calibration(
     weights = source_weights(usable)
     results = compare(planner, usable, space.calibration(x))
     stats = ErrorStats.of([r.error for r in results])
+    # Per model class too: MoE rows err about twice as much as dense ones, and a search's
+    # near-tie note quotes the error of the class it plans.
+    by_class = {
+        f"median_abs_error_{name}": ErrorStats.of([r.error for r in results if r.moe == moe]).median
+        for name, moe in (("dense", False), ("moe", True))
+        if any(r.moe == moe for r in results)
+    }
     loss = weighted_loss(results, weights)
     penalty = prior_penalty(x, space.params)
     fitted = space.calibration(
@@ -587,6 +594,7 @@ def fit_calibration(
         prior_penalty=penalty,
         objective=loss + PRIOR_ERROR_SCALE**2 / weights.sum() * penalty,
         median_abs_error=stats.median,
+        **by_class,
         mape=stats.mape,
         evaluations=float(calls),
     )

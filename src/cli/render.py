@@ -223,9 +223,12 @@ def unfilled_pipeline_warning(plans: Sequence[Plan]) -> str | None:
     )
 
 
-def near_tie_note(plans: Sequence[Plan], median_error: float | None, top: int) -> str | None:
+def near_tie_note(
+    plans: Sequence[Plan], median_error: float | None, top: int, runs: str = ""
+) -> str | None:
     """A note when the leading ranks differ by less than the calibration's median error
-    on the measured runs it was fitted to: their order is then within what the model
+    on the measured runs it was fitted to (``runs``: of the model's class, "MoE" or
+    "dense", where the fit states it): their order is then within what the model
     can tell apart, so a user should weigh memory headroom and simplicity too. None
     when the calibration states no error (e.g. hand-written) or only rank 1 is that
     close. ``plans`` are ranked (step times ascend), at most ``top`` of them; when
@@ -246,7 +249,8 @@ def near_tie_note(plans: Sequence[Plan], median_error: float | None, top: int) -
     hint = f" ({among}: --distinct lists one plan per shape)" if shapes < len(close) else ""
     return (
         f"{who} within {100 * spread:.1f} % of the best step time, less than the "
-        f"calibration's median error on the runs it was fitted to ({100 * median_error:.1f} %): "
+        f"calibration's median error on the {runs + ' ' if runs else ''}runs it was fitted to "
+        f"({100 * median_error:.1f} %): "
         f"their order is uncertain{more}; weigh memory headroom and simplicity too{hint}"
     )
 

@@ -797,7 +797,8 @@ def search_cmd(
                 )
             )
             stdout.print(Text(summary_line(result)))
-            tie = near_tie_note(result.plans, pctx.calibration.median_error, top)
+            median, runs = pctx.calibration.class_median_error(pctx.model.is_moe)
+            tie = near_tie_note(result.plans, median, top, runs)
             if tie:
                 stdout.print(Text(tie))
             if result.baseline is not None:

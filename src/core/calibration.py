@@ -148,6 +148,13 @@ class Calibration(Frozen):
         fitted to; None for a calibration that states none."""
         return self.fit.get("median_abs_error")
 
+    def class_median_error(self, moe: bool) -> tuple[float | None, str]:
+        """The fit's median error over its runs of one model class (MoE or dense) and the
+        class's name, or over all its runs (name "") where the fit states no class's."""
+        name = "MoE" if moe else "dense"
+        found = self.fit.get(f"median_abs_error_{name.lower()}")
+        return (found, name) if found is not None else (self.median_error, "")
+
     @property
     def tp_slowdown(self) -> float:
         return self.interference if self.tp_interference is None else self.tp_interference

@@ -849,23 +849,51 @@ def test_distinct_lists_the_fastest_plan_of_each_shape(capsys, tmp_path: Path) -
     assert "best layouts, one per shape" in out
 
 
-def test_the_near_tie_note_uses_the_calibrations_fitted_error(capsys, tmp_path: Path) -> None:
-    """The shipped calibration states its median error, and the note follows the table's
-    own step times; a calibration without fit figures prints no note."""
-    data = search_json(capsys, *TIGHT, "--top", "6")
-    median = Planner().calibration(None).median_error
+@pytest.mark.parametrize(
+    ("args", "moe"),
+    [
+        (TIGHT, False),
+        (("-m", "qwen3-30b-a3b", "-d", "h100", "-n", "8", "--gbs", "64", "-s", "4096"), True),
+    ],
+    ids=["dense", "moe"],
+)
+def test_the_near_tie_note_uses_the_calibrations_fitted_error(
+    capsys, tmp_path: Path, args: tuple[str, ...], moe: bool
+) -> None:
+    """The shipped calibration states its median error on the fitted runs of each model
+    class, and the note quotes the planned model's class, over the table's own step
+    times; a calibration stating only the overall error quotes that, and one without fit
+    figures prints no note."""
+    data = search_json(capsys, *args, "--top", "6")
+    calibration = Planner().calibration(None)
+    median, runs = calibration.class_median_error(moe)
+    assert runs == ("MoE" if moe else "dense")
     assert median is not None and 0 < median < 0.2
+    # MoE rows err more than dense ones, so the two notes must differ.
+    assert median != calibration.class_median_error(not moe)[0]
     steps = [p["time"]["step_s"] for p in data["plans"]]
     close = sum(s <= steps[0] * (1 + median) for s in steps)
     assert close >= 2  # the case exercises it
-    code, out, err = invoke(capsys, "search", *TIGHT, "--top", "6")
+    code, out, err = invoke(capsys, "search", *args, "--top", "6")
     assert code == 0, err
     who = "all 6 listed plans are" if close == 6 else f"ranks 1-{close} are"
+    out = " ".join(out.split())  # the note wraps at the terminal's width
     assert f"{who} within " in out
-    assert f"median error on the runs it was fitted to ({100 * median:.1f} %)" in out
+    assert f"median error on the {runs} runs it was fitted to ({100 * median:.1f} %)" in out
+    # The shipped calibration as a file stating only the overall error (as older fits do).
+    stated = calibration.model_dump(mode="json")
+    stated["fit"] = {k: v for k, v in stated["fit"].items() if "_error_" not in k}
+    overall = tmp_path / "overall.json"
+    overall.write_text(json.dumps(stated))
+    median = calibration.median_error
+    code, out, err = invoke(capsys, "search", *args, "--top", "6", "--calibration", str(overall))
+    assert code == 0, err
+    assert f"median error on the runs it was fitted to ({100 * median:.1f} %)" in " ".join(
+        out.split()
+    )
     bare = tmp_path / "calibration.json"
     bare.write_text("{}")
-    code, out, err = invoke(capsys, "search", *TIGHT, "--top", "6", "--calibration", str(bare))
+    code, out, err = invoke(capsys, "search", *args, "--top", "6", "--calibration", str(bare))
     assert code == 0, err
     assert "median error" not in out
 
