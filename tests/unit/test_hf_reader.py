@@ -507,3 +507,44 @@ def test_every_preset_reads_or_is_refused_by_name() -> None:
             refused.append((preset_id, "mamba" in str(exc)))
     assert len(builtin_presets()) == 65
     assert refused == [("nemotron-h-8b", True)]
+
+
+# ----------------------------------------------------------------------------- BLOOM
+
+
+@pytest.mark.parametrize("width_key", ["hidden_size", "n_embed"])
+def test_bloom_reads_n_embed_and_alibi(width_key: str) -> None:
+    """BLOOM-176B (bigscience/bloom): BloomConfig takes the width as hidden_size or as
+    n_embed, heads and layers as n_head and n_layer; no n_inner means the 4h GELU MLP;
+    positions are ALiBi (no position parameters). 176,247,242,752 parameters: the model
+    card's 176,247,271,424 less the embedding LayerNorm's 2h, which ndplan does not
+    count."""
+    h, layers, vocab = 14336, 70, 250880
+    raw = {
+        "architectures": ["BloomForCausalLM"],
+        "model_type": "bloom",
+        width_key: h,
+        "n_layer": layers,
+        "n_head": 112,
+        "vocab_size": vocab,
+        "layer_norm_epsilon": 1e-5,
+    }
+    model = read_hf_config(raw, origin="bloom", recorder=AssumptionRecorder())
+    assert model.hidden_size == h
+    assert model.position_embedding == "alibi"
+    assert kinds(model) == [("attn+dense", layers)]
+    assert model.kinds[0].ffn.intermediate_size == 4 * h
+    assert total(model) == 176_247_271_424 - 2 * h
+
+
+def test_falcon_states_alibi() -> None:
+    """Falcon's config says whether it uses ALiBi (the 7B and 40B use rotary)."""
+    raw = {
+        "model_type": "falcon",
+        "hidden_size": 4544,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 71,
+        "vocab_size": 65024,
+    }
+    assert read_hf_config({**raw, "alibi": True}, origin="f").position_embedding == "alibi"
+    assert read_hf_config({**raw, "alibi": False}, origin="f").position_embedding == "rope"

@@ -27,9 +27,10 @@ from ndplan.core.model import (
     VisionTower,
 )
 
-# Canonical name → aliases used by other configs (GPT-2, MPT, GPT-NeoX, ChatGLM, Megatron).
+# Canonical name → aliases used by other configs (GPT-2, MPT, GPT-NeoX, ChatGLM, Megatron;
+# BLOOM's n_embed, which transformers' BloomConfig takes for hidden_size).
 ALIASES: dict[str, tuple[str, ...]] = {
-    "hidden_size": ("n_embd", "d_model", "dim", "model_dim"),
+    "hidden_size": ("n_embd", "n_embed", "d_model", "dim", "model_dim"),
     "num_hidden_layers": ("n_layer", "n_layers", "num_layers"),
     "num_attention_heads": ("n_head", "n_heads", "num_heads"),
     "num_key_value_heads": (
@@ -304,8 +305,11 @@ def read_hf_config(
 
     position = cfg.str("position_embedding_type", assume=False)
     if position is None:
-        if model_type == "mpt" or (
-            isinstance(text.get("attn_config"), dict) and text["attn_config"].get("alibi")
+        # MPT and BLOOM always bias attention by ALiBi; Falcon says so with "alibi".
+        if (
+            model_type in {"mpt", "bloom"}
+            or text.get("alibi") is True
+            or (isinstance(text.get("attn_config"), dict) and text["attn_config"].get("alibi"))
         ):
             position = "alibi"
         elif model_type in {"gpt2", "gpt", "opt", "gptj"}:
