@@ -63,11 +63,14 @@ def _parameter_section(calibration: Calibration) -> list[str]:
             f"{fit['objective'] - fit['loss']:.6f} from the priors, "
             f"{int(fit['evaluations'])} evaluations."
         )
-    if "median_abs_error_dense" in fit and "median_abs_error_moe" in fit:
+    (dense, dense_class), (moe, moe_class) = (
+        calibration.class_median_error(False),
+        calibration.class_median_error(True),
+    )
+    if dense_class and moe_class:
         figures += (
-            f" Median |error| on the fitted rows: dense {100 * fit['median_abs_error_dense']:.1f}%,"
-            f" MoE {100 * fit['median_abs_error_moe']:.1f}% (the band of `ndplan search`'s"
-            " near-tie note, by the planned model's class)."
+            f" Median |error| on the fitted rows: dense {100 * dense:.1f}%, MoE {100 * moe:.1f}%"
+            " (the band of `ndplan search`'s near-tie note, by the planned model's class)."
         )
     return [
         "## Fitted parameters",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ndplan.adapters.measured import RunCase
-from ndplan.core.calibration import Calibration, Overlap
+from ndplan.core.calibration import Calibration, Overlap, median_error_key
 from ndplan.core.cluster import Cluster
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import NdplanError
@@ -581,9 +581,8 @@ def fit_calibration(
     # Per model class too: MoE rows err about twice as much as dense ones, and a search's
     # near-tie note quotes the error of the class it plans.
     by_class = {
-        f"median_abs_error_{name}": ErrorStats.of([r.error for r in results if r.moe == moe]).median
-        for name, moe in (("dense", False), ("moe", True))
-        if any(r.moe == moe for r in results)
+        g.key: g.stats.median
+        for g in group_stats(results, lambda r: median_error_key(r.moe), "model class")
     }
     loss = weighted_loss(results, weights)
     penalty = prior_penalty(x, space.params)

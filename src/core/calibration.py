@@ -104,6 +104,11 @@ class Overlap(Frozen):
     """Of the per-layer parameter gathers that fit under that layer's compute."""
 
 
+def median_error_key(moe: bool) -> str:
+    """The fit figure holding the median error over the fitted runs of one model class."""
+    return "median_abs_error_moe" if moe else "median_abs_error_dense"
+
+
 class Calibration(Frozen):
     """The full set of fitted parameters."""
 
@@ -151,9 +156,10 @@ class Calibration(Frozen):
     def class_median_error(self, moe: bool) -> tuple[float | None, str]:
         """The fit's median error over its runs of one model class (MoE or dense) and the
         class's name, or over all its runs (name "") where the fit states no class's."""
-        name = "MoE" if moe else "dense"
-        found = self.fit.get(f"median_abs_error_{name.lower()}")
-        return (found, name) if found is not None else (self.median_error, "")
+        found = self.fit.get(median_error_key(moe))
+        if found is None:
+            return self.median_error, ""
+        return found, "MoE" if moe else "dense"
 
     @property
     def tp_slowdown(self) -> float:
