@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # numba's compiled kernels, shared by every target (`make clean` removes them).
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 
-.PHONY: demo test fuzz bench lint clean install calibrate
+.PHONY: demo test fuzz bench lint clean install calibrate bytecode
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,11 +17,18 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
 	@# Compile the knapsack kernels now (about 10 s), so a first search shows its own speed.
 	$(BIN)/python -c "from ndplan.core.kernels.knapsack import warm_engine; warm_engine()"
+	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
+
+# Byte-compile the package, as pip does for a regular install: an editable install
+# leaves src/ as source, and where PYTHONDONTWRITEBYTECODE is set every command would
+# compile its modules again (about 0.2 s of its start-up). Only changed files recompile.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q src
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: bytecode
 	$(BIN)/ndplan demo
 
 # One pytest worker per core; whole files go to one worker, so a file's module-scoped
@@ -40,7 +47,7 @@ fuzz: $(STAMP)
 			$(FUZZ_TESTS) || exit 1; \
 	done
 
-bench: $(STAMP)
+bench: bytecode
 	$(BIN)/python -m benchmarks.run
 
 # Refit the shipped calibration on the even-row_id measured runs (the odd ones are
@@ -54,3 +61,4 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist .cache *.egg-info src/*.egg-info .pytest_cache
+	find src -name __pycache__ -prune -exec rm -rf {} +

@@ -109,7 +109,8 @@ def markdown(figures: dict) -> str:
             "## Search speed",
             "",
             "Wall times are the median of several runs of a fresh `ndplan search --json -j 1` process pinned to one "
-            "core (imports, plugin loading and input parsing included, numba cache warm); *search* is the search "
+            "core (imports, plugin loading and input parsing included; numba cache warm and the package "
+            "byte-compiled, as `make install` leaves them); *search* is the search "
             "phase alone as the result reports it (`summary.seconds.total`).",
             "",
             "| scenario | whole process s | search s | target s | generated | over memory | bounded | priced |",
