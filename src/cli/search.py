@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pydantic import ValidationError
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
@@ -979,21 +980,23 @@ class _Progress:
     """A progress bar on stderr (only when it is a terminal)."""
 
     def __init__(self) -> None:
+        # The console is made for stderr: one made for stdout and pointed at stderr
+        # afterwards keeps stdout's verdict on whether it is interactive, so with stdout
+        # redirected (`--json > plan.json`) the bar never drew.
         self.bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(),
             transient=True,
-            console=None,
+            console=Console(file=sys.stderr),
         )
-        self.bar.console.file = sys.stderr
         self.task = None
 
     def update(self, phase: str, done: int, total: int) -> None:
-        if self.task is None:
-            self.bar.start()
+        if self.task is None:  # the task first, so the first frame names the phase
             self.task = self.bar.add_task(phase, total=total)
+            self.bar.start()
         self.bar.update(self.task, completed=done, total=total, description=phase)
 
     def stop(self) -> None:

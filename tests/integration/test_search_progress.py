@@ -1,0 +1,61 @@
+"""The search's progress bar: on stderr when stderr is a terminal, whatever stdout is."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+import threading
+
+from cli_runs import DEMO, cli_env
+
+
+def _search_with_terminal_stderr(*args: str) -> tuple[subprocess.CompletedProcess, str]:
+    """`ndplan search` with stderr on a pseudo-terminal and stdout on a pipe (as in
+    `ndplan search … --json > plan.json` typed at a terminal); what reached the terminal."""
+    env = cli_env()
+    del env["NDPLAN_NO_PROGRESS"]
+    master, slave = pty.openpty()
+    received: list[bytes] = []
+
+    def drain() -> None:  # a full terminal buffer would block the child's writes
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO once the child's end is closed
+                return
+            if not chunk:
+                return
+            received.append(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", "from ndplan.cli.app import main; main()", "search", *args],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            env=env,
+            timeout=300,
+        )
+    finally:
+        os.close(slave)
+        reader.join(timeout=30)
+        os.close(master)
+    return proc, b"".join(received).decode("utf-8", "replace")
+
+
+def test_the_progress_bar_draws_on_a_terminal_when_stdout_is_redirected():
+    proc, terminal = _search_with_terminal_stderr(*DEMO, "-t", "3", "--json")
+    assert proc.returncode == 0, terminal
+    # The bar's frames (phase, bar, candidates examined of all) went to the terminal …
+    assert "price" in terminal and "━" in terminal, terminal
+    # … and stdout holds the JSON alone.
+    result = json.loads(proc.stdout)
+    summary = result["summary"]
+    examined = {int(total) for total in re.findall(r"price\S*\s.*?\d+/(\d+)", terminal)}
+    assert examined == {summary["generated"] - sum(summary["refused"].values())}, terminal
+    assert [plan["rank"] for plan in result["plans"]] == [1, 2, 3]
