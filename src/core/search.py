@@ -251,7 +251,7 @@ def enumerate_candidates(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Enumeration:
     """The loop nest over divisors (no invalid product is ever generated); ``progress``
-    hears of each (tp, pp) pair done."""
+    hears, as each tp starts, how many of the (tp, pp) pairs are done."""
     model, fw, job = ctx.model, ctx.framework, ctx.job
     n = ctx.cluster.num_devices
     gbs, seq = job.global_batch_size, job.seq_length
