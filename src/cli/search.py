@@ -7,6 +7,8 @@ import io
 import math
 import os
 import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -14,7 +16,7 @@ import typer
 import yaml
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
 from rich.text import Text
 
 from ndplan.core.errors import (
@@ -976,10 +978,24 @@ def _stated(value: int | bool | str) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
-class _Progress:
-    """A progress bar on stderr (only when it is a terminal)."""
+class _SearchElapsed(ProgressColumn):
+    """Time since the bar was made: the whole search's, where rich's elapsed column
+    shows the task's, which stops once a phase fills the bar."""
 
     def __init__(self) -> None:
+        super().__init__()
+        self.started = time.monotonic()
+
+    def render(self, task: Task) -> Text:
+        elapsed = timedelta(seconds=int(time.monotonic() - self.started))
+        return Text(str(elapsed), style="progress.elapsed")
+
+
+class _Progress:
+    """A progress bar on stderr (only when it is a terminal): one bar, refilled by each
+    phase the search reports (enumerate, bound, price)."""
+
+    def __init__(self, console: Console | None = None) -> None:
         # The console is made for stderr: one made for stdout and pointed at stderr
         # afterwards keeps stdout's verdict on whether it is interactive, so with stdout
         # redirected (`--json > plan.json`) the bar never drew.
@@ -987,17 +1003,24 @@ class _Progress:
             TextColumn("{task.description}"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
+            _SearchElapsed(),
             transient=True,
-            console=Console(file=sys.stderr),
+            console=console or Console(file=sys.stderr),
         )
-        self.task = None
+        self.task: TaskID | None = None
+        self.phase = ""
 
     def update(self, phase: str, done: int, total: int) -> None:
         if self.task is None:  # the task first, so the first frame names the phase
-            self.task = self.bar.add_task(phase, total=total)
+            self.task = self.bar.add_task(phase, total=total, completed=done)
             self.bar.start()
-        self.bar.update(self.task, completed=done, total=total, description=phase)
+        elif phase != self.phase:
+            # A new phase refills the bar from its own start: the last phase, filled,
+            # had marked the task finished, which an update would not undo.
+            self.bar.reset(self.task, total=total, completed=done, description=phase)
+        else:
+            self.bar.update(self.task, completed=done)
+        self.phase = phase
 
     def stop(self) -> None:
         if self.task is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -11,6 +12,9 @@ import sys
 import threading
 
 from cli_runs import DEMO, cli_env
+from rich.console import Console
+
+from ndplan.cli.search import _Progress, _SearchElapsed
 
 
 def _search_with_terminal_stderr(*args: str) -> tuple[subprocess.CompletedProcess, str]:
@@ -59,3 +63,25 @@ def test_the_progress_bar_draws_on_a_terminal_when_stdout_is_redirected():
     examined = {int(total) for total in re.findall(r"price\S*\s.*?\d+/(\d+)", terminal)}
     assert examined == {summary["generated"] - sum(summary["refused"].values())}, terminal
     assert [plan["rank"] for plan in result["plans"]] == [1, 2, 3]
+
+
+def test_each_phase_refills_the_bar_and_the_clock_counts_the_whole_search():
+    """A phase that fills the bar (bound: every candidate) marked the task finished, so
+    the next phase's bar was drawn as done and its clock stood still; each phase now
+    refills it, and the elapsed time is the search's since the bar was made."""
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    bar = _Progress(console)
+    bar.update("enumerate", 0, 36)
+    bar.update("enumerate", 35, 36)
+    bar.update("bound", 32768, 33890)
+    bar.update("bound", 33890, 33890)
+    (task,) = bar.bar.tasks
+    assert task.finished
+    bar.update("price", 2118, 33890)
+    (task,) = bar.bar.tasks
+    assert (task.description, task.completed, task.total) == ("price", 2118, 33890)
+    assert not task.finished
+    clock = next(c for c in bar.bar.columns if isinstance(c, _SearchElapsed))
+    clock.started -= 65  # as if the search had started 65 s ago
+    assert clock.render(task).plain == "0:01:05"
+    bar.stop()
