@@ -17,7 +17,6 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
 	@# Compile the knapsack kernels now (about 10 s), so a first search shows its own speed.
 	$(BIN)/python -c "from ndplan.core.kernels.knapsack import warm_engine; warm_engine()"
-	$(BIN)/python -m compileall -q src
 	touch $(STAMP)
 
 # Byte-compile the package, as pip does for a regular install: an editable install
@@ -26,7 +25,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 bytecode: $(STAMP)
 	$(BIN)/python -m compileall -q src
 
-install: $(STAMP)
+install: bytecode
 
 demo: bytecode
 	$(BIN)/ndplan demo
@@ -34,7 +33,7 @@ demo: bytecode
 # One pytest worker per core; whole files go to one worker, so a file's module-scoped
 # fixtures (a local Ray instance, an installed test plugin) are set up once.
 TEST_WORKERS ?= auto
-test: $(STAMP)
+test: bytecode
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The property suites on fresh random examples (`make test` draws the same ones every

@@ -318,12 +318,14 @@ def enumerate_candidates(
             f"schedule({'|'.join(schedules_allowed)}) is not offered by {fw.name} "
             f"(offers {', '.join(fw.schedules)})"
         )
-    pairs = sum(len(divisors(n // tp)) for tp in divisors(n))
+    tps = divisors(n)
+    pps_of = [divisors(n // tp) for tp in tps]
+    pairs = sum(map(len, pps_of))
     pairs_done = 0
-    for tp in divisors(n):
+    for tp, pps in zip(tps, pps_of, strict=True):
         if progress is not None:
             progress("enumerate", pairs_done, pairs)
-        pairs_done += len(divisors(n // tp))
+        pairs_done += len(pps)
         out.admitted["tp"].add(tp)
         if not _allowed(space.tp, tp):
             continue
@@ -337,7 +339,7 @@ def enumerate_candidates(
         if any(w % tp for w in dense_widths):
             refuse("tp_not_dividing_ffn", tp=tp)
             continue
-        for pp in divisors(n // tp):
+        for pp in pps:
             out.admitted["pp"].add(pp)
             if not _allowed(space.pp, pp):
                 continue
