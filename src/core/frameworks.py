@@ -22,10 +22,12 @@ def offloads(recompute: frozenset[str] | None) -> bool:
     return recompute is not None and OFFLOAD in recompute
 
 
-SWITCHES = ("core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn", "op")
+SWITCHES = ("core_attn", "norm", "act", "mlp", "sp_gather", "mla_up", "moe_ffn", "op")
 """Recomputable ops (spec/recompute.md): core attention (scores/softmax, or the flash
-kernel's saved state), the norms, the FFN activation function, the sequence-parallel
-all-gather outputs, MLA up-projections, the routed-expert FFN; and ``op``, torchtitan's
+kernel's saved state), the norms, the FFN activation function, a dense FFN whole (its
+two projections, the activation and the block's TP collectives; Megatron's ``mlp``
+module), the sequence-parallel all-gather outputs, MLA up-projections, the routed-expert
+FFN; and ``op``, torchtitan's
 per-op selective policy (``selective_ac_option = "op"``), which saves the attention
 kernel's output, the reduce-scatters and every other matmul output of a layer (the 1st,
 3rd, 5th, … in call order) and recomputes everything else. On a standard-attention
@@ -50,6 +52,10 @@ class FrameworkTraits:
     schedules: tuple[str, ...]
     switches: frozenset[str]
     """Selective recompute switches it can apply per layer."""
+    dense_activation_recompute: bool
+    """Whether ``act`` reaches a dense FFN's activation (and a shared expert's), or only the
+    routed experts' (Megatron-Core's ``moe_act``: it recomputes a dense FFN only whole,
+    its ``mlp`` module)."""
     forced_switches: frozenset[str]
     """Switches always in effect (Megatron/TE re-gathers SP inputs in the backward)."""
     selective: frozenset[str]
@@ -140,7 +146,10 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         zero_stages=(0, 1, 3),
         default_zero=1,
         schedules=("1f1b", "interleaved", "dualpipev"),
-        switches=frozenset({"core_attn", "norm", "act", "mla_up", "moe_ffn"}),
+        # Megatron-Core's --recompute-modules: core_attn, layernorm, moe_act (routed
+        # experts only), mlp (a dense FFN whole), mla_up_proj, moe.
+        switches=frozenset({"core_attn", "norm", "act", "mlp", "mla_up", "moe_ffn"}),
+        dense_activation_recompute=False,
         forced_switches=frozenset({"sp_gather"}),
         selective=frozenset({"core_attn"}),
         cp_kinds=("ring", "all_to_all"),
@@ -162,6 +171,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         # Per-layer choices: keep, the per-op policy, or the whole layer (torchtitan's
         # "selective layer" checkpoints every n-th layer whole).
         switches=frozenset({"op"}),
+        dense_activation_recompute=True,
         forced_switches=frozenset(),
         selective=frozenset({"op"}),
         cp_kinds=("ring",),
@@ -181,6 +191,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         default_zero=1,
         schedules=("1f1b", "interleaved"),
         switches=frozenset({"core_attn", "norm", "act", "sp_gather", "mla_up", "moe_ffn"}),
+        dense_activation_recompute=True,
         forced_switches=frozenset(),
         selective=frozenset({"core_attn"}),
         cp_kinds=("ring", "all_to_all"),
@@ -199,6 +210,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         default_zero=1,
         schedules=("1f1b",),
         switches=frozenset(),
+        dense_activation_recompute=True,
         forced_switches=frozenset(),
         selective=frozenset(),
         cp_kinds=("all_to_all",),

@@ -181,14 +181,14 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
         if ffn.gated and per_op:
             # The gate (5th matmul) saved, the up projection (6th) recomputed, and the
             # down projection's (7th) output saved, before its reduce.
-            add("fc1_out", ab * n * 2 * width / t, "op")
+            add("fc1_out", ab * n * 2 * width / t, "op", "mlp")
             add("fc1_gate_out", ab * n * width / t, kept_by=("op",))
             add("fc2_out", ab * n * h, kept_by=("op",))
         else:
-            add("fc1_out", ab * n * (2 if ffn.gated else 1) * width / t)
+            add("fc1_out", ab * n * (2 if ffn.gated else 1) * width / t, "mlp")
         if per_op and t > 1 and sp:
             add("ffn_scattered", ab * n * h / sigma, kept_by=("op",))
-        add("act_out", lb * n * width / t, "act", "op")
+        add("act_out", lb * n * width / t, "act", "op", "mlp")
     else:
         moe: MoEFFN = ffn
         add("router_probs", 2 * 4 * n * moe.num_experts / sigma)
@@ -204,7 +204,8 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
                 "shared_fc1_out",
                 ab * n * (2 if moe.gated else 1) * moe.shared_intermediate_size / t,
             )
-            add("shared_act_out", lb * n * moe.shared_intermediate_size / t, "act", "op")
+            shared_act = ("act", "op") if ctx.framework.dense_activation_recompute else ("op",)
+            add("shared_act_out", lb * n * moe.shared_intermediate_size / t, *shared_act)
     if dropout:
         add("ffn_dropout_mask", 1 * n * h / sigma)
     result = tuple(out)

@@ -402,11 +402,16 @@ class NdplanCostModel:
                 n,
                 h,
                 (2 if ffn.gated else 1) * width / t,
+                ("mlp",),
                 gathered=True,
                 recomputed_share=(0.5, "op") if ffn.gated and per_op else None,
             )
-            elementwise("activation", (3 if ffn.gated else 2) * ab * n * width / t, ("act", "op"))
-            gemm("fc2", n, width / t, h)
+            elementwise(
+                "activation",
+                (3 if ffn.gated else 2) * ab * n * width / t,
+                ("act", "op", "mlp"),
+            )
+            gemm("fc2", n, width / t, h, ("mlp",))
         else:
             moe: MoEFFN = ffn
             sync = eff.moe_layer_overhead_us * 1e-6
@@ -452,7 +457,7 @@ class NdplanCostModel:
                 elementwise(
                     "shared_activation",
                     (3 if moe.gated else 2) * ab * n * moe.shared_intermediate_size / t,
-                    ("act", "op"),
+                    ("act", "op") if ctx.framework.dense_activation_recompute else ("op",),
                 )
                 gemm("shared_fc2", n, moe.shared_intermediate_size / t, h)
             if layout.ep > 1:
@@ -708,6 +713,10 @@ class NdplanCostModel:
             regathers = "sp_gather" in recompute or "op" in recompute
             if regathers and "sp_gather" not in forced:
                 tp += cost.sp_regather_s * tp_exposed
+            if "mlp" in recompute:
+                # Re-running the FFN block re-runs its collectives: half the layer's
+                # forward ones (the attention block has the other half).
+                tp += cost.tp_forward_s / 2 * tp_exposed
         found = {
             "forward": fwd,
             "backward": bwd,

@@ -68,6 +68,11 @@ def applicable_switches(ctx: PricingContext, layout: Layout, kind: LayerKind) ->
             continue
         if switch == "moe_ffn" and not isinstance(kind.ffn, MoEFFN):
             continue
+        dense_ffn = not isinstance(kind.ffn, MoEFFN)
+        if switch == "mlp" and not dense_ffn:
+            continue
+        if switch == "act" and dense_ffn and not fw.dense_activation_recompute:
+            continue  # Megatron's moe_act: a dense FFN's activation is recomputed only whole
         out.append(switch)
     return tuple(out)
 

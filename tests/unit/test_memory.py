@@ -597,3 +597,7 @@ def test_megatron_keeps_its_own_switches_and_no_per_op_policy(planner: Planner) 
     norm_act = mm.layer_activation_bytes(ctx, layout, model.kinds[0], frozenset({"norm", "act"}))
     n, h, ffn = 4096, 1024, 2816
     assert plain - norm_act == 2 * n * (2 * h + ffn)  # the two norm outputs, the activation
+    # Megatron's mlp module: the FFN recomputed whole drops its gate-and-up output and the
+    # activation output, and keeps its input (the norm output) to re-run from.
+    whole_ffn = mm.layer_activation_bytes(ctx, layout, model.kinds[0], frozenset({"mlp"}))
+    assert plain - whole_ffn == 2 * n * (2 * ffn + ffn)

@@ -1690,6 +1690,40 @@ def test_torchtitan_per_op_policy_recomputes_k_out_and_up_projections() -> None:
     assert applicable_switches(titan, layout, DENSE) == ("op",)
 
 
+def test_megatron_recomputes_a_dense_ffn_whole_and_only_routed_experts_activation() -> None:
+    """Megatron-Core's --recompute-modules have no dense activation switch: moe_act reaches
+    the routed experts alone, and a dense FFN is recomputed whole (its ``mlp`` module), with
+    its two projections, the activation and the block's collectives (half the layer's
+    forward ones). MindFormers' select_recompute reaches a dense activation, and has no
+    ``mlp``."""
+    layout = Layout(tp=2, sp=True, dp=4, mbs=1, num_microbatches=1)
+    megatron = make_ctx(layout, moe_model(), framework="megatron")
+    assert applicable_switches(megatron, layout, DENSE) == ("core_attn", "norm", "mlp")
+    assert applicable_switches(megatron, layout, MOE) == ("core_attn", "norm", "act", "moe_ffn")
+    mindformers = make_ctx(layout, moe_model(), framework="mindformers")
+    assert applicable_switches(mindformers, layout, DENSE) == (
+        "core_attn", "norm", "act", "sp_gather",
+    )  # fmt: skip
+
+    cm = NdplanCostModel(NO_OVERHEAD)
+    cost = cm.layer_cost(megatron, layout, DENSE)
+    forward = {op.name: op.forward_s for op in cost.ops}
+    plain = cm.layer_seconds(megatron, layout, DENSE, frozenset())
+    whole_ffn = cm.layer_seconds(megatron, layout, DENSE, frozenset({"mlp"}))
+    assert whole_ffn["recompute"] == pytest.approx(
+        forward["fc1"] + forward["activation"] + forward["fc2"], rel=1e-12
+    )
+    exposed = 1 - cm.tp_overlap(megatron, layout)
+    assert exposed > 0
+    assert whole_ffn["tp_comm"] - plain["tp_comm"] == pytest.approx(
+        cost.tp_forward_s / 2 * exposed, rel=1e-12
+    )
+    n, h, width = 4096, 2048, 8192 / 2
+    assert cm.recompute_flops(megatron, layout, DENSE, frozenset({"mlp"})) == pytest.approx(
+        2 * n * h * 3 * width, rel=1e-12
+    )  # fc1 (gate and up) and fc2
+
+
 class WithoutModelFlops(NdplanCostModel):
     """A third-party cost model that prices time but does not count model FLOPs."""
 
