@@ -7,7 +7,7 @@ The search and ``ndplan estimate`` share this path; it depends only on the ports
 from __future__ import annotations
 
 import copy
-import math
+import itertools
 from dataclasses import dataclass, replace
 
 from .context import PricingContext, StagePlacement, layer_key, placement_key
@@ -430,11 +430,11 @@ class Pricer:
         """A lower bound on the step time of a per-layer ``auto`` layout, for the search.
 
         Every layer at its fastest option bounds it from below. Where that overflows a
-        stage, the stage must save the excess, and no option on its front saves a byte
-        for less time than the front's cheapest rate, so the stage gains at least
-        excess × rate (the knapsack's linear relaxation; bucket rounding only saves
-        more). The step is monotone in the stages' recompute time. Under ZeRO-3 the
-        extra backward hides more of the FSDP traffic, so there the plain bound stands."""
+        stage, the stage must save the excess, and it gains at least the least time of
+        saving it with options taken fractionally (the knapsack's linear relaxation,
+        ``_least_saving_time``; bucket rounding only saves more). The step is monotone
+        in the stages' recompute time. Under ZeRO-3 the extra backward hides more of the
+        FSDP traffic, so there the plain bound stands."""
         # Every layer kept, not the none policy's own offload choice: auto may recompute
         # instead, for less.
         kept = layout.model_copy(update={"recompute": "none"})
@@ -456,29 +456,58 @@ class Pricer:
             excess = static + act - budget
             if excess > 0:
                 secs = copy.copy(secs)  # keeps the cost model's per-stage annotations
-                secs["recompute"] = secs.get("recompute", 0.0) + excess * self._cheapest_rate(
-                    layout, stage
+                secs["recompute"] = secs.get("recompute", 0.0) + self._least_saving_time(
+                    layout, stage, excess
                 )
             seconds.append(secs)
-        return self.cost.step(self.ctx, layout, fastest.stages, seconds).step_s
+        # Shaded by a part in 10⁹: the relaxation can equal the knapsack's optimum, and
+        # summed in another order it must not round above the price it bounds.
+        return self.cost.step(self.ctx, layout, fastest.stages, seconds).step_s * (1 - 1e-9)
 
-    def _cheapest_rate(self, layout: Layout, stage: StagePlacement) -> float:
-        """Least seconds per byte saved over the stage's fronts, against each layer's
-        fastest option (at the layer's in-flight count)."""
-        key = ("cheapest_rate", layer_key(layout), stage.groups)
+    def _least_saving_time(self, layout: Layout, stage: StagePlacement, excess: float) -> float:
+        """The least time in which the stage's layers save ``excess`` bytes against their
+        fastest options, each layer free to take a fraction of an option: the cheapest
+        savings first (``_saving_segments``). Past what every layer's lightest option
+        saves, the stage cannot fit; what was claimed stands."""
+        extra = 0.0
+        for rate, capacity in self._saving_segments(layout, stage):
+            take = min(capacity, excess)
+            extra += rate * take
+            excess -= take
+            if excess <= 0:
+                break
+        return extra
+
+    def _saving_segments(
+        self, layout: Layout, stage: StagePlacement
+    ) -> tuple[tuple[float, float], ...]:
+        """(seconds per byte, bytes) segments of the stage's savings, cheapest first: per
+        group, the lower convex hull of its options' (bytes saved, time added) against the
+        fastest option at its in-flight count, each segment as many times as the group has
+        layers. A single cheapest rate for every byte (the bound this replaced) assumed
+        the cheap switches (the norms) could save what only dearer ones (a whole FFN, full
+        recompute) can, and left the search pricing layouts it could have bounded."""
+        key = ("saving_segments", layer_key(layout), stage.groups)
         found = self.ctx.cache.get(key)
         if found is None:
-            found = math.inf
+            segments = []
             for group in self.stage_groups(layout, stage):
                 fast = min(group.options, key=lambda o: o.time)
                 kept = fast.memory(group.in_flight)
-                for opt in group.options:
-                    saved = kept - opt.memory(group.in_flight)
-                    if saved > 0:
-                        found = min(found, max(0.0, opt.time - fast.time) / saved)
-            if found == math.inf:  # nothing saves memory: no extra time can be claimed
-                found = 0.0
-            self.ctx.cache[key] = found
+                points = sorted(
+                    (kept - opt.memory(group.in_flight), max(0.0, opt.time - fast.time))
+                    for opt in group.options
+                    if kept - opt.memory(group.in_flight) > 0
+                )
+                hull = [(0, 0.0)]
+                for point in points:
+                    while len(hull) >= 2 and _not_below(hull[-2], hull[-1], point):
+                        hull.pop()
+                    hull.append(point)
+                for (s0, t0), (s1, t1) in itertools.pairwise(hull):
+                    if s1 > s0:
+                        segments.append(((t1 - t0) / (s1 - s0), (s1 - s0) * group.count))
+            found = self.ctx.cache[key] = tuple(sorted(segments))
         return found
 
     def _role_assignment(self, stage: StagePlacement, recompute: Recompute) -> Assignment:
@@ -634,3 +663,9 @@ class Pricer:
             hfu=hfu,
             recompute=self.recompute_ranges(priced),
         )
+
+
+def _not_below(a: tuple[float, float], b: tuple[float, float], c: tuple[float, float]) -> bool:
+    """Whether ``b`` lies on or above the line from ``a`` to ``c`` (``a``, ``b``, ``c`` in
+    ascending first coordinate): then ``b`` is off the lower convex hull."""
+    return (b[1] - a[1]) * (c[0] - a[0]) >= (c[1] - a[1]) * (b[0] - a[0])

@@ -469,6 +469,42 @@ def test_bounds_never_exceed_the_priced_step_time(planner, zero: int) -> None:
     assert (seen["raised"] > 0) == (zero < 3)
 
 
+def test_the_recompute_bound_saves_the_excess_cheapest_first_and_stays_below_the_knapsack(
+    planner,
+) -> None:
+    """Where every layer at its fastest overflows a stage, the bound claims the least time
+    of saving the excess with options taken fractionally: the cheapest savings (the
+    norms) as far as they go, then the dearer ones (a whole FFN, full recompute). That is
+    at least the single cheapest rate for every byte (the looser bound it replaced) and
+    at most what the knapsack's own choice adds to the stage."""
+    ctx, opts = make_ctx(planner, "llama-3-8b", 8, 32, 4096, max_mem=30)
+    pricer = planner.pricer(ctx, opts)
+    space = SearchSpace(recompute=("auto",), zero=(1,), offload_optimizer=(False,))
+    tighter = checked = 0
+    for c in core_search.enumerate_candidates(ctx, space, ()).candidates:
+        layout = candidate_layout(c, ctx.layer_splits)
+        auto = pricer.price(layout)
+        kept = layout.model_copy(update={"recompute": "none"})
+        fastest = pricer.price(kept)
+        if not auto.fits or fastest.fits:
+            continue
+        for i, stage in enumerate(fastest.stages):
+            excess = fastest.static_totals[i] + fastest.activations[i] - ctx.budget_bytes
+            if excess <= 0:
+                continue
+            segments = pricer._saving_segments(layout, stage)
+            rates = [rate for rate, _ in segments]
+            assert rates == sorted(rates)
+            claimed = pricer._least_saving_time(layout, stage, excess)
+            single_rate = excess * rates[0]
+            added = sum(auto.stage_seconds[i].values()) - sum(fastest.stage_seconds[i].values())
+            assert single_rate <= claimed * (1 + 1e-12)
+            assert claimed <= added * (1 + 1e-9), (c, i, claimed, added)
+            tighter += claimed > single_rate * (1 + 1e-6)
+            checked += 1
+    assert checked > 20 and tighter > 0
+
+
 def test_bounds_follow_the_cost_models_own_overhead(planner) -> None:
     """The fixed overhead in the bounds is the one the cost model charges, not the
     context's calibration's: a plugged-in or differently calibrated model may charge
