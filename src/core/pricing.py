@@ -481,33 +481,53 @@ class Pricer:
     def _saving_segments(
         self, layout: Layout, stage: StagePlacement
     ) -> tuple[tuple[float, float], ...]:
-        """(seconds per byte, bytes) segments of the stage's savings, cheapest first: per
-        group, the lower convex hull of its options' (bytes saved, time added) against the
-        fastest option at its in-flight count, each segment as many times as the group has
-        layers. A single cheapest rate for every byte (the bound this replaced) assumed
-        the cheap switches (the norms) could save what only dearer ones (a whole FFN, full
-        recompute) can, and left the search pricing layouts it could have bounded."""
+        """(seconds per byte, bytes) segments of the stage's savings, cheapest first: each
+        group's (``_saving_hull``), as many times as it has layers. A single cheapest rate
+        for every byte (the bound this replaced) assumed the cheap switches (the norms)
+        could save what only dearer ones (a whole FFN, full recompute) can, and left the
+        search pricing layouts it could have bounded."""
         key = ("saving_segments", layer_key(layout), stage.groups)
         found = self.ctx.cache.get(key)
         if found is None:
-            segments = []
-            for group in self.stage_groups(layout, stage):
-                fast = min(group.options, key=lambda o: o.time)
-                kept = fast.memory(group.in_flight)
-                points = sorted(
-                    (kept - opt.memory(group.in_flight), max(0.0, opt.time - fast.time))
-                    for opt in group.options
-                    if kept - opt.memory(group.in_flight) > 0
+            found = self.ctx.cache[key] = tuple(
+                sorted(
+                    (rate, saved * count)
+                    for kind_index, count, in_flight in stage.groups
+                    for rate, saved in self._saving_hull(layout, kind_index, in_flight)
                 )
-                hull = [(0, 0.0)]
-                for point in points:
-                    while len(hull) >= 2 and _not_below(hull[-2], hull[-1], point):
-                        hull.pop()
-                    hull.append(point)
-                for (s0, t0), (s1, t1) in itertools.pairwise(hull):
-                    if s1 > s0:
-                        segments.append(((t1 - t0) / (s1 - s0), (s1 - s0) * group.count))
-            found = self.ctx.cache[key] = tuple(sorted(segments))
+            )
+        return found
+
+    def _saving_hull(
+        self, layout: Layout, kind_index: int, in_flight: int
+    ) -> tuple[tuple[float, float], ...]:
+        """One layer's (seconds per byte, bytes) savings against keeping everything, at
+        ``in_flight`` micro-batches: the lower convex hull of its options' (bytes saved,
+        time added), in rising rate. Every option counts, not only the stage's front: a
+        dominated one is never below the hull, and the hull then depends on the layer's
+        own count alone."""
+        key = ("saving_hull", kind_index, in_flight, layer_key(layout))
+        found = self.ctx.cache.get(key)
+        if found is None:
+            kind = self.ctx.model.kinds[kind_index]
+            options = [o for o, _ in kind_options(self.ctx, layout, kind, self.memory, self.cost)]
+            kept = next(o for o in options if o.name == KEPT)
+            kept_bytes = kept.memory(in_flight)
+            points = sorted(
+                (kept_bytes - o.memory(in_flight), max(0.0, o.time - kept.time))
+                for o in options
+                if kept_bytes - o.memory(in_flight) > 0
+            )
+            hull = [(0, 0.0)]
+            for point in points:
+                while len(hull) >= 2 and _not_below(hull[-2], hull[-1], point):
+                    hull.pop()
+                hull.append(point)
+            found = self.ctx.cache[key] = tuple(
+                ((t1 - t0) / (s1 - s0), s1 - s0)
+                for (s0, t0), (s1, t1) in itertools.pairwise(hull)
+                if s1 > s0
+            )
         return found
 
     def _role_assignment(self, stage: StagePlacement, recompute: Recompute) -> Assignment:
