@@ -465,10 +465,10 @@ class Pricer:
         return self.cost.step(self.ctx, layout, fastest.stages, seconds).step_s * (1 - 1e-9)
 
     def _least_saving_time(self, layout: Layout, stage: StagePlacement, excess: float) -> float:
-        """The least time in which the stage's layers save ``excess`` bytes against their
-        fastest options, each layer free to take a fraction of an option: the cheapest
-        savings first (``_saving_segments``). Past what every layer's lightest option
-        saves, the stage cannot fit; what was claimed stands."""
+        """The least time in which the stage's layers save ``excess`` bytes against keeping
+        everything, each layer free to take a fraction of an option: the cheapest savings
+        first (``_saving_segments``). Past what every layer's lightest option saves, the
+        stage cannot fit; what was claimed stands."""
         extra = 0.0
         for rate, capacity in self._saving_segments(layout, stage):
             take = min(capacity, excess)
