@@ -24,16 +24,16 @@ def offloads(recompute: frozenset[str] | None) -> bool:
 
 SWITCHES = ("core_attn", "norm", "act", "mlp", "sp_gather", "mla_up", "moe_ffn", "op")
 """Recomputable ops (spec/recompute.md): core attention (scores/softmax, or the flash
-kernel's saved state), the norms, the FFN activation function, a dense FFN whole (its
-two projections, the activation and the block's TP collectives; Megatron's ``mlp``
-module), the sequence-parallel all-gather outputs, MLA up-projections, the routed-expert
-FFN; and ``op``, torchtitan's
-per-op selective policy (``selective_ac_option = "op"``), which saves the attention
-kernel's output, the reduce-scatters and every other matmul output of a layer (the 1st,
-3rd, 5th, … in call order) and recomputes everything else. On a standard-attention
-layer that recomputes the norms, RoPE, the K and output projections, the residual add
-and, for a gated FFN, the up projection and the activation; on other layers (latent or
-linear attention, MoE FFN) it is priced as recomputing the norms and activations."""
+kernel's saved state), the norms, the FFN activation function, a dense FFN whole (its two
+projections, the activation and the block's TP collectives; Megatron's ``mlp`` module),
+the sequence-parallel all-gather outputs, MLA up-projections, the routed-expert FFN; and
+``op``, torchtitan's per-op selective policy (``selective_ac_option = "op"``), which saves
+the attention kernel's output, the reduce-scatters and every other matmul output of a
+layer (the 1st, 3rd, 5th, … in call order) and recomputes everything else. On a
+standard-attention layer that recomputes the norms, RoPE, the K and output projections,
+the residual add and, for a gated FFN, the up projection and the activation; on other
+layers (latent or linear attention, MoE FFN) it is priced as recomputing the norms and
+activations."""
 
 
 def per_op_policy_applies(framework: FrameworkTraits, standard_attention: bool) -> bool:
