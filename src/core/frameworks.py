@@ -92,6 +92,13 @@ class FrameworkTraits:
     asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)."""
 
     @property
+    def dense_activation_switches(self) -> tuple[str, ...]:
+        """The switches that recompute a dense FFN's activation alone, as the memory and
+        cost models tag it (a shared expert's too: ``act`` then reaches it only where the
+        framework has a dense-activation switch)."""
+        return ("act", "op") if self.dense_activation_recompute else ("op",)
+
+    @property
     def cp_kind(self) -> str:
         """The context-parallel algorithm a job gets when it does not say (DeepSpeed's
         Ulysses is all-to-all; the others default to the ring)."""

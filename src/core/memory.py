@@ -204,8 +204,11 @@ def layer_tensors(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple
                 "shared_fc1_out",
                 ab * n * (2 if moe.gated else 1) * moe.shared_intermediate_size / t,
             )
-            shared_act = ("act", "op") if ctx.framework.dense_activation_recompute else ("op",)
-            add("shared_act_out", lb * n * moe.shared_intermediate_size / t, *shared_act)
+            add(
+                "shared_act_out",
+                lb * n * moe.shared_intermediate_size / t,
+                *ctx.framework.dense_activation_switches,
+            )
     if dropout:
         add("ffn_dropout_mask", 1 * n * h / sigma)
     result = tuple(out)

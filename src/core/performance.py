@@ -457,7 +457,7 @@ class NdplanCostModel:
                 elementwise(
                     "shared_activation",
                     (3 if moe.gated else 2) * ab * n * moe.shared_intermediate_size / t,
-                    ("act", "op") if ctx.framework.dense_activation_recompute else ("op",),
+                    ctx.framework.dense_activation_switches,
                 )
                 gemm("shared_fc2", n, moe.shared_intermediate_size / t, h)
             if layout.ep > 1:

@@ -58,6 +58,7 @@ def activation_offload_offered(ctx: PricingContext) -> bool:
 def applicable_switches(ctx: PricingContext, layout: Layout, kind: LayerKind) -> tuple[str, ...]:
     """The switches the framework offers that mean something for this kind."""
     fw = ctx.framework
+    dense_ffn = not isinstance(kind.ffn, MoEFFN)
     out = []
     for switch in SWITCHES:
         if switch not in fw.switches or switch in fw.forced_switches:
@@ -66,9 +67,8 @@ def applicable_switches(ctx: PricingContext, layout: Layout, kind: LayerKind) ->
             continue
         if switch == "mla_up" and not isinstance(kind.attention, LatentAttention):
             continue
-        if switch == "moe_ffn" and not isinstance(kind.ffn, MoEFFN):
+        if switch == "moe_ffn" and dense_ffn:
             continue
-        dense_ffn = not isinstance(kind.ffn, MoEFFN)
         if switch == "mlp" and not dense_ffn:
             continue
         if switch == "act" and dense_ffn and not fw.dense_activation_recompute:
