@@ -1106,10 +1106,38 @@ class NdplanCostModel:
         The optimizer step is the slowest stage's update.
         """
         ov = self.overlap(ctx)
-        m = layout.num_microbatches
         roles = self._distinct_roles(stages)
-        scatter_max = gather_max = 0.0
         opt = self._optimizer_step_s(ctx, layout, roles)
+        if ctx.settings.finetune == "lora":
+            return 0.0, opt  # frozen base weights: nothing to reduce
+        scatter, gather = self._dp_step_volumes(ctx, layout, roles)
+        exposed = max(0.0, scatter - ov.dp * window_bwd) + max(0.0, gather - ov.dp * window_fwd)
+        hidden = scatter + gather - exposed
+        return exposed + self._calibration(ctx).interference * hidden, opt
+
+    def _dp_step_volumes(
+        self, ctx: PricingContext, layout: Layout, roles: Sequence[StagePlacement]
+    ) -> tuple[float, float]:
+        """Seconds of the per-step gradient reduction and parameter gather outside the
+        stages (ZeRO-3 moves both per micro-batch, inside them): the busiest stage's.
+        Memoised (every screened layout asks twice: its floor, then its bound)."""
+        m = layout.num_microbatches
+        key = (
+            "dp_step_volumes",
+            tuple(stage.role[:4] for stage in roles),
+            layout.tp,
+            layout.cp,
+            layout.dp,
+            layout.ep,
+            layout.expert_tp,
+            layout.pp,
+            layout.zero,
+            m if layout.zero == 2 else 0,
+        )
+        found = ctx.cache.get(key)
+        if found is not None:
+            return found
+        scatter_max = gather_max = 0.0
         for stage in roles:
             gather, scatter = self._dp_volumes(ctx, layout, stage)
             if layout.zero == 0:
@@ -1121,13 +1149,8 @@ class NdplanCostModel:
                 gather = scatter = 0.0
             scatter_max = max(scatter_max, scatter)
             gather_max = max(gather_max, gather)
-        if ctx.settings.finetune == "lora":
-            return 0.0, opt  # frozen base weights: nothing to reduce
-        exposed = max(0.0, scatter_max - ov.dp * window_bwd) + max(
-            0.0, gather_max - ov.dp * window_fwd
-        )
-        hidden = scatter_max + gather_max - exposed
-        return exposed + self._calibration(ctx).interference * hidden, opt
+        found = ctx.cache[key] = (scatter_max, gather_max)
+        return found
 
     @staticmethod
     def _distinct_roles(stages: Sequence[StagePlacement]) -> list[StagePlacement]:
@@ -1140,23 +1163,95 @@ class NdplanCostModel:
     def _optimizer_step_s(
         self, ctx: PricingContext, layout: Layout, roles: Sequence[StagePlacement]
     ) -> float:
-        """The optimizer step: the slowest stage's update."""
+        """The optimizer step: the slowest stage's update (memoised on the stages' roles
+        and what shards their state)."""
         if ctx.settings.finetune == "lora":
             return 0.0  # frozen base weights; the adapters' update is negligible (as memory)
-        opt = 0.0
-        for stage in roles:
-            dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
-            opt = max(opt, self._optimizer_s(ctx, layout, dense, expert))
+        key = (
+            "optimizer_step",
+            tuple(stage.role[:4] for stage in roles),
+            layout.tp,
+            layout.cp,
+            layout.dp,
+            layout.ep,
+            layout.expert_tp,
+            layout.zero >= 1,
+            layout.offload_optimizer,
+        )
+        opt = ctx.cache.get(key)
+        if opt is None:
+            opt = 0.0
+            for stage in roles:
+                dense, expert, _ = self._memory.stage_parameters(ctx, layout, stage)
+                opt = max(opt, self._optimizer_s(ctx, layout, dense, expert))
+            ctx.cache[key] = opt
         return opt
 
-    def fixed_step_seconds(
-        self, ctx: PricingContext, layout: Layout, stages: Sequence[StagePlacement]
+    def step_floor_seconds(
+        self,
+        ctx: PricingContext,
+        layout: Layout,
+        stages: Sequence[StagePlacement],
+        layers_s: float,
     ) -> float:
-        """What a step spends besides its stages' micro-batches and the communication they
-        hide, whatever those take: the optimizer step and the fixed overhead. ``step`` adds
-        both as they are, so the search adds them to its lower bounds."""
-        overhead = self._calibration(ctx).step_overhead_s
-        return self._optimizer_step_s(ctx, layout, self._distinct_roles(stages)) + overhead
+        """A lower bound on ``step`` when one micro-batch through every decoder layer, each
+        at its fastest option, takes ``layers_s``: the pipeline of stages at least that
+        balanced, the traffic no such stage can hide, the optimizer step and the fixed
+        overhead. Only the layouts this cannot rule out reach the memory check.
+
+        Why it holds, part by part:
+
+        - The busiest stage computes at least ``layers_s``/pp per micro-batch, and a
+          stage's time grows with its compute even as the compute hides more ZeRO-3
+          traffic (by at most ``overlap.fsdp`` per second), so t_max is at least that
+          compute plus the least-traffic stage's exposure at it (``_fsdp_floor``). The
+          stages sum to at least ``layers_s``; each schedule's pipeline grows with both.
+        - The per-step reduction hides under the slowest stage's last backward and the
+          gather under its first forward, so the two windows sum to at most t_max, and
+          every schedule's pipeline is at least m·t_max. The exposed traffic falls by at
+          most ``overlap.dp`` per second of window, so the step, as a function of the
+          pipeline time, still grows with it (by at least 1 − 1/m): it is least at the
+          pipeline's floor, with t_max that floor over m."""
+        calibration = self._calibration(ctx)
+        roles = self._distinct_roles(stages)
+        m, pp = layout.num_microbatches, layout.pp
+        stage_s = layers_s / pp
+        slowest = stage_s + self._fsdp_floor(ctx, layout, roles, stage_s)
+        if layout.schedule == "interleaved":
+            pipeline = (m - 1 / layout.vpp) * slowest + max(layers_s, slowest) / layout.vpp
+        elif layout.schedule == "dualpipev":
+            pipeline = m * slowest
+        else:  # 1f1b, gpipe
+            pipeline = max(layers_s, slowest) + (m - 1) * slowest
+        fixed = self._optimizer_step_s(ctx, layout, roles) + calibration.step_overhead_s
+        if ctx.settings.finetune == "lora":
+            return pipeline + fixed
+        volume = sum(self._dp_step_volumes(ctx, layout, roles))
+        exposed = max(0.0, volume - self.overlap(ctx).dp * pipeline / m)
+        return pipeline + exposed + calibration.interference * (volume - exposed) + fixed
+
+    def _fsdp_floor(
+        self,
+        ctx: PricingContext,
+        layout: Layout,
+        roles: Sequence[StagePlacement],
+        compute_s: float,
+    ) -> float:
+        """The least ZeRO-3 traffic a stage computing ``compute_s`` per micro-batch leaves
+        exposed (``_fsdp_exposed`` with both its windows summing to that compute), over
+        the stages' roles."""
+        if layout.zero < 3 or ctx.settings.finetune == "lora":
+            return 0.0
+        fsdp = self.overlap(ctx).fsdp
+        interference = self._calibration(ctx).interference
+
+        def exposure(stage: StagePlacement) -> float:
+            gather, scatter = self._dp_volumes(ctx, layout, stage)
+            raw = 2 * gather + scatter
+            exposed = max(0.0, raw - fsdp * compute_s)
+            return exposed + interference * (raw - exposed)
+
+        return min(exposure(stage) for stage in roles)
 
     def _optimizer_s(
         self, ctx: PricingContext, layout: Layout, dense: float, expert: float

@@ -68,10 +68,12 @@ class CostModel(Protocol):
     framework; a user's calibrated or profiled model replaces the analytic one
     without touching the search. Pure: no I/O.
 
-    Optional: ``fixed_step_seconds(ctx, layout, stages) -> float``, seconds ``step``
-    adds whatever the stages take (the built-in model: the optimizer step and its fixed
-    overhead). The search adds it to its lower bounds, so it skips more layouts
-    unpriced; without it the bounds leave it out.
+    Optional: ``step_floor_seconds(ctx, layout, stages, layers_s) -> float``, a lower
+    bound on ``step`` when one micro-batch through every decoder layer, each at its
+    fastest option, takes ``layers_s`` (the built-in model: its pipeline of stages that
+    balanced, the traffic they cannot hide, the optimizer step and its fixed overhead).
+    The search takes it where it is above its own quick bound, so it skips more layouts
+    unpriced; without it the bounds leave all that out.
 
     The balanced layer split weighs the output layer by this model too: the last
     stage's ``forward + backward + recompute`` from ``stage_seconds`` with no layers,

@@ -3,8 +3,8 @@
 Order of work:
 1. the loop nest over divisors, each refusal counted under a named reason;
 2. a cheap lower bound on the step time orders every candidate; in that order it gets
-   the cost model's fixed step seconds (the optimizer step, the fixed overhead) added,
-   and in the order of that, memory with every layer fully recomputed (the lightest
+   the cost model's own floor from the same fastest layers (with the optimizer step,
+   the fixed overhead and the traffic no stage hides), and in the order of that, memory with every layer fully recomputed (the lightest
    option): over the budget → dropped; and the exact bound (every layer at its fastest
    option, plus the least recompute time that saves what that overflows);
 3. candidates sorted by bound; priced (recompute knapsack per stage, then the time
@@ -63,10 +63,10 @@ bounding, where the batches cannot change what is priced). Small, because a sear
 is usually settled a few dozen candidates in: batches of 64 priced 128 candidates where 48
 settle it (Llama-3-70B on 1,024 H100); the pool gains little on so few anyway."""
 SCREEN_BATCH = 64
-"""At most this many candidates get their fixed step seconds, or their memory and exact
-bound, per batch."""
+"""At most this many candidates get their step floor, or their memory and exact bound, per
+batch."""
 FLOORED_KEPT = 4096
-"""Layouts kept from the fixed step seconds for the screen (a few MB)."""
+"""Layouts kept from the step floor for the screen (a few MB)."""
 QUICK_CHUNK = 32768
 """Candidates given their quick bound between progress reports (DeepSeek-V3 on 2,048
 devices has 670,000, about 3 s of bounds before the first one is priced)."""
@@ -676,7 +676,7 @@ class SearchPricing:
     def __init__(self, pricer: Pricer, debug: bool = False) -> None:
         self.pricer = pricer
         self.debug = debug
-        # Layouts built for the fixed step seconds, handed on to the screen (when both
+        # Layouts built for the step floor, handed on to the screen (when both
         # run in this process), which would build the same ones again; the oldest go
         # first past FLOORED_KEPT (under a pool, the screen runs elsewhere).
         self._floored: dict[Candidate, Layout] = {}
@@ -726,19 +726,19 @@ class SearchPricing:
         return w
 
     def floor_bound(self, c: Candidate, quick: float) -> float:
-        """The quick bound plus what the cost model says every step adds whatever its
-        stages take (its optional ``fixed_step_seconds``: the optimizer step and the fixed
-        overhead), still a lower bound; computed only for candidates the quick bound could
-        not rule out."""
-        fixed = getattr(self.pricer.cost, "fixed_step_seconds", None)
-        if fixed is None:
+        """The cost model's own lower bound on the step from the same fastest layers (its
+        optional ``step_floor_seconds``: with the optimizer step, the fixed overhead and
+        the traffic no such stage hides), where it is above the quick bound; computed
+        only for candidates the quick bound could not rule out."""
+        floor = getattr(self.pricer.cost, "step_floor_seconds", None)
+        if floor is None:
             return quick
         ctx = self.pricer.ctx
         floored = self._floored
         if len(floored) >= FLOORED_KEPT:
             del floored[next(iter(floored))]
         layout = floored[c] = candidate_layout(c, ctx.layer_splits)
-        return quick + fixed(ctx, layout, ctx.placement(layout))
+        return max(quick, floor(ctx, layout, ctx.placement(layout), self._layers_seconds(c)))
 
     def screen(self, candidates: Sequence[Candidate]) -> list[Screened]:
         """Memory at full recompute, and the lower bound on time (``auto``: all layers at
@@ -942,8 +942,8 @@ def search(
 
     candidates = enum.candidates
     # Best-first with lazily refined bounds: a cheap bound for every candidate orders the
-    # work; in that order, fixed-size batches get the cost model's fixed step seconds
-    # added (floor_bound), then in the order of that, the memory check and the exact bound
+    # work; in that order, fixed-size batches get the cost model's step floor
+    # (floor_bound), then in the order of that, the memory check and the exact bound
     # (every layer at its fastest option), and candidates are priced exactly in order of
     # the exact bound. Work stops once the K-th best plan beats every bound left. Batches
     # are decided by the bounds alone, so the result does not depend on executors.
@@ -962,7 +962,7 @@ def search(
     # for its slowest worker at a batch boundary, and still moves the progress bar.
     screen_batch = SCREEN_BATCH if settings.bounding else max(SCREEN_BATCH, len(order) // 16)
     price_batch = BATCH if settings.bounding else max(BATCH, len(order) // 16)
-    floors: list[tuple[float, tuple[int, ...], int]] = []  # quick bound + fixed step seconds
+    floors: list[tuple[float, tuple[int, ...], int]] = []  # the cost model's step floor
     heap: list[tuple[float, tuple[int, ...], int]] = []  # the exact bound, once screened
     results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
     shape_best: dict[tuple[int, ...], float] = {}  # with settings.distinct
