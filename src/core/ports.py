@@ -73,7 +73,8 @@ class CostModel(Protocol):
     fastest option, takes ``layers_s`` (the built-in model: its pipeline of stages that
     balanced, the traffic they cannot hide, the optimizer step and its fixed overhead).
     The search takes it where it is above its own quick bound, so it skips more layouts
-    unpriced; without it the bounds leave all that out.
+    unpriced; without it the bounds leave all that out. A wrapper that prices stages or
+    the step its own way must not inherit the wrapped model's floor (0.0 is always safe).
 
     The balanced layer split weighs the output layer by this model too: the last
     stage's ``forward + backward + recompute`` from ``stage_seconds`` with no layers,
