@@ -19,6 +19,7 @@ degrees); workers rebuild their pricing state from a plain recipe.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import math
@@ -955,6 +956,7 @@ def search(
     order_keys = [(q, tie_key(c)) for q, c in zip(quick, candidates, strict=True)]
     order = sorted(range(len(candidates)), key=order_keys.__getitem__)
     del order_keys
+    ascending_quick = [quick[i] for i in order]
     t_screen = time.perf_counter()
     k = settings.top_k
     # Without bounding every candidate is screened and priced, so nothing depends on where
@@ -975,6 +977,16 @@ def search(
     priced_count = 0
     settled_at = None  # priced when the top K alone would have stopped (then: the baseline's)
     t_memory = t_floor = 0.0
+
+    def settled() -> int:
+        """Candidates dealt with, for the progress bar: taken from the quick order, or
+        ruled out already by the bound the K-th best plan sets (the bar then fills as
+        the search ends, where counting the taken alone stopped it at a few percent)."""
+        if not settings.bounding:
+            return pos
+        reach = bisect.bisect_right(ascending_quick, max(kth, through))
+        return len(order) - max(0, reach - pos)
+
     while pos < len(order) or floors or heap:
         next_quick = quick[order[pos]] if pos < len(order) else math.inf
         next_floor = floors[0][0] if floors else math.inf
@@ -1024,7 +1036,7 @@ def search(
                     closest = (s.miss_bytes, s.miss_stage, candidates[i])
             t_memory += time.perf_counter() - tick
             if hooks.progress is not None:
-                hooks.progress("price", pos, len(order))
+                hooks.progress("price", settled(), len(order))
             continue
         batch_entries = _pop_batch(
             heap, price_batch, min(next_quick, next_floor), settings.bounding
@@ -1051,7 +1063,9 @@ def search(
             results.sort()
             kth = results[k - 1][0]
         if hooks.progress is not None:
-            hooks.progress("price", pos, len(order))
+            hooks.progress("price", settled(), len(order))
+    if hooks.progress is not None:
+        hooks.progress("price", len(order), len(order))
     unexamined = (
         list(order[pos:]) + [i for _, _, i in sorted(floors)] + [i for _, _, i in sorted(heap)]
     )

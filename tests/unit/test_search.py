@@ -723,9 +723,11 @@ def test_progress_is_reported_from_the_start_phase_by_phase_and_changes_nothing(
     planner, monkeypatch
 ) -> None:
     """The progress hook hears of the enumeration, then of the quick bounds chunk by
-    chunk, then of the candidates examined in bound order, so a terminal's bar moves
-    from the first second (DeepSeek-V3 on 2,048 devices was silent for 9 s of 15: until
-    its first candidate was priced). The result is the same with or without it."""
+    chunk, then of the candidates settled in bound order (taken, or ruled out by the
+    K-th best plan's bound), so a terminal's bar moves from the first second
+    (DeepSeek-V3 on 2,048 devices was silent for 9 s of 15: until its first candidate
+    was priced) and fills as the search ends. The result is the same with or without
+    it."""
     monkeypatch.setattr(core_search, "QUICK_CHUNK", 1000)  # several chunks on this problem
     calls: list[tuple[str, int, int]] = []
     ctx, opts = make_ctx(planner, "llama-3-8b", 64, 256, 4096)
@@ -750,8 +752,10 @@ def test_progress_is_reported_from_the_start_phase_by_phase_and_changes_nothing(
     bound = by_phase["bound"]
     assert [d for d, _ in bound] == [min(examined, 1000 * k) for k in range(1, len(bound) + 1)]
     assert {t for _, t in bound} == {examined} and len(bound) > 2
+    # Candidates settled: taken, or ruled out by the K-th best's bound; it fills.
     done = [d for d, _ in by_phase["price"]]
-    assert done == sorted(done) and 0 < done[-1] <= examined
+    assert done == sorted(done) and done[0] > 0 and done[-1] == examined
+    assert done[-2] > summary.priced + summary.over_memory  # ruled-out ones count
     assert {t for _, t in by_phase["price"]} == {examined}
 
 
