@@ -10,7 +10,7 @@ a plugin or internal error aborts the sweep like a search.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,11 +186,26 @@ def run_scenarios(recipe: SweepRecipe, chunk: Sequence[Scenario]) -> list[dict]:
 run_scenarios.describe = lambda s: f"scenario {s.label}"  # type: ignore[attr-defined]
 
 
-def run_sweep(executor: Any, recipe: SweepRecipe, scenarios: Sequence[Scenario]) -> list[dict]:
-    """Every scenario on ``executor`` (each a task); one row per scenario, in order."""
+def run_sweep(
+    executor: Any,
+    recipe: SweepRecipe,
+    scenarios: Sequence[Scenario],
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[dict]:
+    """Every scenario on ``executor`` (each a task); one row per scenario, in order.
+
+    With ``progress`` (told ``("sweep", done, total)``), the scenarios go to the executor
+    a slice at a time, so the bar moves while they run: one at a time in one process,
+    four per worker in a pool (each slice still shared out as workers come free)."""
+    scenarios = list(scenarios)
+    workers = max(1, int(getattr(executor, "workers", 1)))
+    size = len(scenarios) if progress is None else (1 if workers == 1 else 4 * workers)
     rows: list[dict] = []
-    for chunk_rows in executor.map(run_scenarios, recipe, list(scenarios)):
-        rows.extend(chunk_rows)
+    for start in range(0, len(scenarios), max(1, size)):
+        for chunk_rows in executor.map(run_scenarios, recipe, scenarios[start : start + size]):
+            rows.extend(chunk_rows)
+        if progress is not None:
+            progress("sweep", len(rows), len(scenarios))
     if len(rows) != len(scenarios):
         raise RuntimeError(f"executor returned {len(rows)} rows for {len(scenarios)} scenarios")
     return rows

@@ -8,6 +8,7 @@ and are reported apart.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
@@ -163,14 +164,18 @@ def unstated_mbs_variants(case: RunCase) -> list[Layout]:
 
 
 def compare(
-    planner: Planner, cases: Iterable[RunCase], calibration: Calibration
+    planner: Planner,
+    cases: Sequence[RunCase],
+    calibration: Calibration,
+    progress: Callable[[str, int, int], None] | None = None,
 ) -> list[RowResult]:
+    """Every case priced (``progress`` hears ``("compare", done, total)`` after each)."""
     out = []
-    for case in cases:
-        try:
+    for done, case in enumerate(cases, start=1):
+        with contextlib.suppress(NdplanError):  # the row's own error; the others go on
             out.append(price_case(planner, case, calibration))
-        except NdplanError:
-            continue
+        if progress is not None:
+            progress("compare", done, len(cases))
     return out
 
 

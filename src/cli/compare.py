@@ -18,6 +18,7 @@ from ndplan.validation import RowResult, compare, fit_calibration, group_stats, 
 from .common import CalibrationOpt
 from .options import DeviceFiles, Json, state
 from .output import check_output_file, note, print_json, stdout, table, write_atomic
+from .progress import progress_reporter
 
 
 def _pct(x: float) -> str:
@@ -136,7 +137,8 @@ def compare_cmd(
         )
         write_atomic(fit, cal.model_dump_json(indent=2) + "\n", force=force)
         note(f"wrote {fit}: {', '.join(f'{k}={v:.4g}' for k, v in cal.fit.items())}")
-    results = compare(planner, cases, cal)
+    with progress_reporter() as report:
+        results = compare(planner, cases, cal, report)
     sections = summary_sections(results)
     memory = [r for r in results if r.measured_peak_gib is not None]
     ranking = ranking_groups([r for r in results if not r.check])

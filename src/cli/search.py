@@ -5,18 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
-import sys
-import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
 from rich.text import Text
 
 from ndplan.core.errors import (
@@ -67,11 +61,11 @@ from .output import (
     check_writable_folder,
     note,
     print_json,
-    quiet,
     stdout,
     table,
     write_atomic,
 )
+from .progress import progress_bar
 from .render import (
     header,
     near_tie_note,
@@ -746,7 +740,7 @@ def search_cmd(
                     raise InvalidInputError(
                         f"--debug-dir {debug_dir}: cannot write there ({exc.strerror or exc})"
                     ) from None
-        progress = _progress()
+        progress = progress_bar()
 
         def keep_records() -> None:
             interrupts.check()  # an interrupted search keeps none, even if Python dropped it
@@ -976,61 +970,6 @@ def baseline_parts_table(best: Plan, baseline: Plan):
 
 def _stated(value: int | bool | str) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
-
-
-class _SearchElapsed(ProgressColumn):
-    """Time since the bar was made: the whole search's, where rich's elapsed column
-    shows the task's, which stops once a phase fills the bar."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.started = time.monotonic()
-
-    def render(self, task: Task) -> Text:
-        elapsed = timedelta(seconds=int(time.monotonic() - self.started))
-        return Text(str(elapsed), style="progress.elapsed")
-
-
-class _Progress:
-    """A progress bar on stderr (only when it is a terminal): one bar, refilled by each
-    phase the search reports (enumerate, bound, price)."""
-
-    def __init__(self, console: Console | None = None) -> None:
-        # The console is made for stderr: one made for stdout and pointed at stderr
-        # afterwards keeps stdout's verdict on whether it is interactive, so with stdout
-        # redirected (`--json > plan.json`) the bar never drew.
-        self.bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            _SearchElapsed(),
-            transient=True,
-            console=console or Console(file=sys.stderr),
-        )
-        self.task: TaskID | None = None
-        self.phase = ""
-
-    def update(self, phase: str, done: int, total: int) -> None:
-        if self.task is None:  # the task first, so the first frame names the phase
-            self.task = self.bar.add_task(phase, total=total, completed=done)
-            self.bar.start()
-        elif phase != self.phase:
-            # A new phase refills the bar from its own start: the last phase, filled,
-            # had marked the task finished, which an update would not undo.
-            self.bar.reset(self.task, total=total, completed=done, description=phase)
-        else:
-            self.bar.update(self.task, completed=done)
-        self.phase = phase
-
-    def stop(self) -> None:
-        if self.task is not None:
-            self.bar.stop()
-
-
-def _progress() -> _Progress | None:
-    if sys.stderr.isatty() and not os.environ.get("NDPLAN_NO_PROGRESS") and not quiet():
-        return _Progress()
-    return None
 
 
 DEMO = {"model": "llama-3-70b", "device": "h100-sxm", "devices": 64, "gbs": 512, "seq_len": 8192}

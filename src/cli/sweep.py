@@ -39,6 +39,7 @@ from .common import (
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import check_output_file, print_json, stdout, table, write_atomic
+from .progress import progress_reporter
 from .search import UNEVEN_NOTE, build_space, load_space_file, pipeline_cell, space_values
 
 GRID_KEYS = ("model", "device", "devices", "gbs", "seq_len")
@@ -346,7 +347,8 @@ def sweep_cmd(
             strict=strict,
             token=uuid.uuid4().hex,
         )
-        rows = run_sweep(pool, recipe, scenarios)
+        with progress_reporter() as report:
+            rows = run_sweep(pool, recipe, scenarios, report)
         if csv_out is not None:
             write_atomic(csv_out, rows_csv(rows), force=True)
         if as_json:
