@@ -1124,12 +1124,7 @@ class NdplanCostModel:
         m = layout.num_microbatches
         key = (
             "dp_step_volumes",
-            tuple(stage.role[:4] for stage in roles),
-            layout.tp,
-            layout.cp,
-            layout.dp,
-            layout.ep,
-            layout.expert_tp,
+            *self._state_key(layout, roles),
             layout.pp,
             layout.zero,
             m if layout.zero == 2 else 0,
@@ -1153,6 +1148,19 @@ class NdplanCostModel:
         return found
 
     @staticmethod
+    def _state_key(layout: Layout, roles: Sequence[StagePlacement]) -> tuple:
+        """What the stages' state and its sharding depend on: their roles, and the degrees
+        that split the parameters (TP, EP, expert TP) and replicate them (DP, CP)."""
+        return (
+            tuple(stage.role[:4] for stage in roles),
+            layout.tp,
+            layout.cp,
+            layout.dp,
+            layout.ep,
+            layout.expert_tp,
+        )
+
+    @staticmethod
     def _distinct_roles(stages: Sequence[StagePlacement]) -> list[StagePlacement]:
         """One stage per role: stages with one role hold the same parameters and volumes."""
         roles: dict[tuple, StagePlacement] = {}
@@ -1169,12 +1177,7 @@ class NdplanCostModel:
             return 0.0  # frozen base weights; the adapters' update is negligible (as memory)
         key = (
             "optimizer_step",
-            tuple(stage.role[:4] for stage in roles),
-            layout.tp,
-            layout.cp,
-            layout.dp,
-            layout.ep,
-            layout.expert_tp,
+            *self._state_key(layout, roles),
             layout.zero >= 1,
             layout.offload_optimizer,
         )

@@ -4,9 +4,10 @@ Order of work:
 1. the loop nest over divisors, each refusal counted under a named reason;
 2. a cheap lower bound on the step time orders every candidate; in that order it gets
    the cost model's own floor from the same fastest layers (with the optimizer step,
-   the fixed overhead and the traffic no stage hides), and in the order of that, memory with every layer fully recomputed (the lightest
-   option): over the budget → dropped; and the exact bound (every layer at its fastest
-   option, plus the least recompute time that saves what that overflows);
+   the fixed overhead and the traffic no stage hides), and in the order of that, memory
+   with every layer fully recomputed (the lightest option): over the budget → dropped;
+   and the exact bound (every layer at its fastest option, plus the least recompute
+   time that saves what that overflows);
 3. candidates sorted by bound; priced (recompute knapsack per stage, then the time
    model) in batches, stopping once the K-th best beats the next bound — the rest are
    ``bounded``. Batches are decided by the bounds alone, so the set of priced
@@ -956,7 +957,8 @@ def search(
     order_keys = [(q, tie_key(c)) for q, c in zip(quick, candidates, strict=True)]
     order = sorted(range(len(candidates)), key=order_keys.__getitem__)
     del order_keys
-    ascending_quick = [quick[i] for i in order]
+    # For the progress bar alone (how far the K-th best's bound has ruled candidates out).
+    ascending_quick = [quick[i] for i in order] if hooks.progress is not None else []
     t_screen = time.perf_counter()
     k = settings.top_k
     # Without bounding every candidate is screened and priced, so nothing depends on where
