@@ -65,7 +65,7 @@ from .output import (
     table,
     write_atomic,
 )
-from .progress import progress_bar
+from .progress import progress_reporter
 from .render import (
     header,
     near_tie_note,
@@ -740,37 +740,34 @@ def search_cmd(
                     raise InvalidInputError(
                         f"--debug-dir {debug_dir}: cannot write there ({exc.strerror or exc})"
                     ) from None
-        progress = progress_bar()
 
         def keep_records() -> None:
             interrupts.check()  # an interrupted search keeps none, even if Python dropped it
             for sink in sinks:
                 sink.close()
 
-        try:
-            outcome = planner.search(
-                pctx,
-                space,
-                top_k=top,
-                distinct=distinct,
-                options=options,
-                executor=pool,
-                sinks=sinks,
-                bounding=not exhaustive,
-                collect_parts=ranking_out is not None,
-                progress=progress.update if progress else None,
-                baseline=stated,
-            )
-        except InfeasibleError:
-            # The search ran to its end: the records say why nothing fits (every
-            # candidate over memory, by how much), which is what the folder is for.
-            keep_records()
-            raise
-        except BaselineError as exc:  # named as the user gave it
-            raise InvalidInputError(f"--baseline: {exc.detail}") from None
-        finally:
-            if progress:
-                progress.stop()
+        with progress_reporter() as report:
+            try:
+                outcome = planner.search(
+                    pctx,
+                    space,
+                    top_k=top,
+                    distinct=distinct,
+                    options=options,
+                    executor=pool,
+                    sinks=sinks,
+                    bounding=not exhaustive,
+                    collect_parts=ranking_out is not None,
+                    progress=report,
+                    baseline=stated,
+                )
+            except InfeasibleError:
+                # The search ran to its end: the records say why nothing fits (every
+                # candidate over memory, by how much), which is what the folder is for.
+                keep_records()
+                raise
+            except BaselineError as exc:  # named as the user gave it
+                raise InvalidInputError(f"--baseline: {exc.detail}") from None
         keep_records()  # before anything is written or printed
         result = outcome.result
         if rebalance:

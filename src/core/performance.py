@@ -238,6 +238,20 @@ class _LayerOps:
         self.ops.append(Op(name, fwd, backward_factor * fwd, frozenset(switches), kernels))
 
 
+def pipeline_seconds(layout: Layout, slowest_s: float, total_s: float) -> float:
+    """A step's micro-batches through the pipeline, from the slowest stage's time per
+    micro-batch and the stages' sum: 1F1B and GPipe run every stage once and the slowest
+    m − 1 times more; interleaved the slowest m times and the others' 1/vpp share of one;
+    DualPipeV the slowest m times (``step`` adds its fill). It grows with both, which
+    keeps the step floor below the step."""
+    m = layout.num_microbatches
+    if layout.schedule == "interleaved":
+        return m * slowest_s + (total_s - slowest_s) / layout.vpp
+    if layout.schedule == "dualpipev":
+        return m * slowest_s
+    return total_s + (m - 1) * slowest_s  # 1f1b, gpipe
+
+
 class NdplanCostModel:
     """ndplan's analytic step-time model (the default CostModel)."""
 
@@ -999,9 +1013,8 @@ class NdplanCostModel:
         slowest = max(range(len(totals)), key=lambda i: (totals[i], -i))
         t_max = totals[slowest]
         pp = layout.pp
-        if layout.schedule == "interleaved":
-            pipeline = m * t_max + (sum(totals) - t_max) / layout.vpp
-        elif layout.schedule == "dualpipev":
+        pipeline = pipeline_seconds(layout, t_max, sum(totals))
+        if layout.schedule == "dualpipev":
             # Two chunks per device; paired micro-batches overlap forward and backward, and
             # the weight-gradient half of each backward (with the FSDP traffic it carries)
             # fills the bubble, zero-bubble style: (pp − 1) steps of the mean chunk time
@@ -1013,9 +1026,7 @@ class NdplanCostModel:
                 )
                 / pp
             )
-            pipeline = m * t_max + (pp - 1) * unit
-        else:  # 1f1b, gpipe
-            pipeline = sum(totals) + (m - 1) * t_max
+            pipeline += (pp - 1) * unit
         crit = stage_layer_seconds[slowest]
         parts = dict.fromkeys(TIME_PARTS, 0.0)
         for name, value in crit.items():
@@ -1105,15 +1116,28 @@ class NdplanCostModel:
         volume decides. ZeRO-3 gathers per micro-batch and is part of the stage time.
         The optimizer step is the slowest stage's update.
         """
-        ov = self.overlap(ctx)
         roles = self._distinct_roles(stages)
         opt = self._optimizer_step_s(ctx, layout, roles)
         if ctx.settings.finetune == "lora":
             return 0.0, opt  # frozen base weights: nothing to reduce
         scatter, gather = self._dp_step_volumes(ctx, layout, roles)
-        exposed = max(0.0, scatter - ov.dp * window_bwd) + max(0.0, gather - ov.dp * window_fwd)
+        return self._dp_exposure(ctx, scatter, gather, window_fwd, window_bwd), opt
+
+    def _dp_exposure(
+        self,
+        ctx: PricingContext,
+        scatter: float,
+        gather: float,
+        window_fwd: float,
+        window_bwd: float,
+    ) -> float:
+        """The per-step reduction under the backward window and the gather under the
+        forward one, each hidden up to ``overlap.dp`` of its window; what is hidden still
+        slows the compute by ``interference``."""
+        dp = self.overlap(ctx).dp
+        exposed = max(0.0, scatter - dp * window_bwd) + max(0.0, gather - dp * window_fwd)
         hidden = scatter + gather - exposed
-        return exposed + self._calibration(ctx).interference * hidden, opt
+        return exposed + self._calibration(ctx).interference * hidden
 
     def _dp_step_volumes(
         self, ctx: PricingContext, layout: Layout, roles: Sequence[StagePlacement]
@@ -1220,18 +1244,13 @@ class NdplanCostModel:
         m, pp = layout.num_microbatches, layout.pp
         stage_s = layers_s / pp
         slowest = stage_s + self._fsdp_floor(ctx, layout, roles, stage_s)
-        if layout.schedule == "interleaved":
-            pipeline = (m - 1 / layout.vpp) * slowest + max(layers_s, slowest) / layout.vpp
-        elif layout.schedule == "dualpipev":
-            pipeline = m * slowest
-        else:  # 1f1b, gpipe
-            pipeline = max(layers_s, slowest) + (m - 1) * slowest
+        pipeline = pipeline_seconds(layout, slowest, max(layers_s, slowest))
         fixed = self._optimizer_step_s(ctx, layout, roles) + calibration.step_overhead_s
         if ctx.settings.finetune == "lora":
             return pipeline + fixed
+        # The least exposure over the two windows: all the traffic under one of length t_max.
         volume = sum(self._dp_step_volumes(ctx, layout, roles))
-        exposed = max(0.0, volume - self.overlap(ctx).dp * pipeline / m)
-        return pipeline + exposed + calibration.interference * (volume - exposed) + fixed
+        return pipeline + self._dp_exposure(ctx, volume, 0.0, 0.0, pipeline / m) + fixed
 
     def _fsdp_floor(
         self,
