@@ -91,6 +91,9 @@ def evaluate(planner: Planner, case, calibration) -> dict:
         own = rank = gap = None
     else:
         own, rank, gap = placed.baseline.plan, placed.baseline.rank, placed.baseline.gap
+        over = re.search(r"over by ([\d.]+ GiB on stage \d+)", placed.baseline.miss or "")
+        if own is None and over:  # the published run fitted; ndplan's memory model says not
+            outside = f"over memory by {over.group(1)}"
     best = placed.plans[0]
     # The published device grid among the best layout of each grid (search --distinct).
     grids = planner.search(ctx, space, top_k=GRID_TOP, distinct=True).result.plans
@@ -197,7 +200,8 @@ def markdown(results: list[dict], moe: list[dict]) -> str:
         "layer), though the published runs split their layers "
         "evenly or as their recipe states. *error* is how ndplan prices the published layout as it was run (predicted / measured "
         "step time − 1, as in accuracy.md); *where* is the step-time part that differs most between the "
-        "published layout and ndplan's best (compute = forward + backward + recompute).",
+        "published layout and ndplan's best (compute = forward + backward + recompute); *outside* says why a "
+        "published layout has no rank.",
         "",
         _headline(results),
         "",
@@ -209,7 +213,7 @@ def markdown(results: list[dict], moe: list[dict]) -> str:
         "NeMo's Mixtral), its expert-parallel degree stated too (an expert TP the source does not state is "
         "free), and *grid* including EP (and a stated expert TP). These are kept apart from the headline above: "
         "the MoE step-time model is the less accurate one (accuracy.md), and one layout's measured speed moves "
-        "by up to a third between software releases. *outside* says why a published layout has no rank. "
+        "by up to a third between software releases. "
         "An MTP model's chunks leave the last one room for the MTP block and the loss (three layers' "
         "worth: 61 layers and that room make 64 slots, 4 a chunk at pp 4 × vpp 4), or, where that room "
         "does not divide them, count the embedding, the MTP block and the loss as a layer each "
@@ -222,7 +226,7 @@ def markdown(results: list[dict], moe: list[dict]) -> str:
         "",
         _headline(moe),
         "",
-        *_case_table(moe, outside=True),
+        *_case_table(moe),
     ]
     return "\n".join(lines) + "\n"
 
@@ -236,13 +240,11 @@ def _headline(results: list[dict]) -> str:
     )
 
 
-def _case_table(results: list[dict], outside: bool = False) -> list[str]:
-    extra = " outside |" if outside else ""
+def _case_table(results: list[dict]) -> list[str]:
     lines = [
         "| row | source | model | hardware | N | gbs | seq | prec | published | rank | grid rank | gap | "
-        f"error | where | ndplan's best |{extra}",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
-        + ("---|" if outside else ""),
+        "error | where | ndplan's best | outside |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rank = str(r["rank"]) if r["rank"] is not None else "—"
@@ -252,7 +254,7 @@ def _case_table(results: list[dict], outside: bool = False) -> list[str]:
         lines.append(
             f"| {r['row']} | {r['source']} | {r['model']} | {r['hardware']} | {r['devices']} | {r['gbs']} | "
             f"{r['seq']} | {r['precision']} | {r['published']} | {rank} | {shapes} | {gap} | {error} | {r['where']} | "
-            f"{r['best']} |" + (f" {r['outside']} |" if outside else "")
+            f"{r['best']} | {r['outside']} |"
         )
     return lines
 
