@@ -19,6 +19,11 @@ settings.register_profile("reproducible", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile("reproducible")
 
+# The suite checks what a pipe gets. These make rich treat any output as a terminal
+# (progress bars on stderr, colour codes in the tables), and some CI runners export them.
+for _name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
+    os.environ.pop(_name, None)
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist's workers set COLUMNS=80 and LINES=24; the CLI takes COLUMNS as a
     # terminal's width. The suite checks what a pipe gets, as a serial run sees it.
