@@ -28,6 +28,9 @@ def _with_terminal_stderr(*args: str) -> tuple[subprocess.CompletedProcess, str]
     `ndplan search … --json > plan.json` typed at a terminal); what reached the terminal."""
     env = cli_env()
     del env["NDPLAN_NO_PROGRESS"]
+    # The terminal a user types at. A runner's own TERM may be "dumb" (some CI runners),
+    # on which rich rightly draws no bar: it cannot redraw a line there.
+    env["TERM"] = "xterm-256color"
     master, slave = pty.openpty()
     received: list[bytes] = []
 
