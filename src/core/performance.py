@@ -954,6 +954,12 @@ class NdplanCostModel:
         bwd = parts["backward"] + parts["recompute"] - getattr(parts, "cp_hidden_backward", 0.0)
         raw = 2 * gather + scatter
         exposed = max(0.0, gather - ov.fsdp * fwd) + max(0.0, gather + scatter - ov.fsdp * bwd)
+        return self._charged(ctx, raw, exposed)
+
+    def _charged(self, ctx: PricingContext, raw: float, exposed: float) -> float:
+        """What traffic of ``raw`` seconds, ``exposed`` of them not hidden, adds to the step:
+        the exposed part, and ``interference`` of the hidden part (the collectives' kernels
+        take SMs and HBM bandwidth from the compute they hide behind)."""
         return exposed + self._calibration(ctx).interference * (raw - exposed)
 
     def _dp_volumes(
@@ -1136,8 +1142,7 @@ class NdplanCostModel:
         slows the compute by ``interference``."""
         dp = self.overlap(ctx).dp
         exposed = max(0.0, scatter - dp * window_bwd) + max(0.0, gather - dp * window_fwd)
-        hidden = scatter + gather - exposed
-        return exposed + self._calibration(ctx).interference * hidden
+        return self._charged(ctx, scatter + gather, exposed)
 
     def _dp_step_volumes(
         self, ctx: PricingContext, layout: Layout, roles: Sequence[StagePlacement]
@@ -1250,7 +1255,8 @@ class NdplanCostModel:
             return pipeline + fixed
         # The least exposure over the two windows: all the traffic under one of length t_max.
         volume = sum(self._dp_step_volumes(ctx, layout, roles))
-        return pipeline + self._dp_exposure(ctx, volume, 0.0, 0.0, pipeline / m) + fixed
+        exposed = max(0.0, volume - self.overlap(ctx).dp * pipeline / m)
+        return pipeline + self._charged(ctx, volume, exposed) + fixed
 
     def _fsdp_floor(
         self,
@@ -1265,13 +1271,11 @@ class NdplanCostModel:
         if layout.zero < 3 or ctx.settings.finetune == "lora":
             return 0.0
         fsdp = self.overlap(ctx).fsdp
-        interference = self._calibration(ctx).interference
 
         def exposure(stage: StagePlacement) -> float:
             gather, scatter = self._dp_volumes(ctx, layout, stage)
             raw = 2 * gather + scatter
-            exposed = max(0.0, raw - fsdp * compute_s)
-            return exposed + interference * (raw - exposed)
+            return self._charged(ctx, raw, max(0.0, raw - fsdp * compute_s))
 
         return min(exposure(stage) for stage in roles)
 
