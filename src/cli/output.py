@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from rich.cells import cell_len
 from rich.console import Console
 from rich.table import Table
 
@@ -118,8 +119,15 @@ def drop_unwritten_stdout() -> None:
 def table(
     title: str | None, columns: Sequence[str | tuple[str, str]], rows: Iterable[Sequence[Any]]
 ) -> Table:
-    """A table; a column given as (name, 'right') is right-aligned."""
-    t = Table(title=title, title_justify="left", header_style="bold", pad_edge=False)
+    """A table; a column given as (name, 'right') is right-aligned. The table is at least as
+    wide as its title, so a narrow one (one pipeline stage) does not wrap the title."""
+    t = Table(
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        pad_edge=False,
+        min_width=cell_len(title) if title else None,
+    )
     for col in columns:
         name, justify = (col, "left") if isinstance(col, str) else col
         t.add_column(name, justify=justify)  # type: ignore[arg-type]

@@ -371,6 +371,15 @@ def test_human_output_prints_memory_per_stage_and_whether_it_fits(
     assert re.search(r"— DOES NOT FIT \(over by [\d.]+ GiB\)", out)
 
 
+def test_a_one_stage_memory_table_keeps_its_title_on_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Two narrow columns are narrower than the title; rich used to wrap it mid-phrase.
+    code, out, err = invoke(capsys, *LLAMA_8B, "-n", "8", "--gbs", "32", "-s", "4096")
+    assert code == 0, err
+    assert "memory per device, GiB (ndplan model)\n" in out
+
+
 # ----------------------------------------------------------------------------- recompute auto
 
 TIGHT = ("-n", "8", "--gbs", "64", "-s", "8192", "--tp", "2", "--pp", "2", "--mbs", "2",
