@@ -431,7 +431,7 @@ class LayerSplits:
             return None
         key = (tp, cp, ep, etp, mbs, recompute, self._deferred_wgrads(pp, schedule, m) / m)
         if key not in self._weights:
-            even = Layout.model_construct(
+            even = Layout.trusted(
                 tp=tp,
                 pp=pp,
                 cp=cp,

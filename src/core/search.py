@@ -58,6 +58,7 @@ from .recompute import activation_offload_offered
 from .units import GiB
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
+SCHEDULE_CODES = {name: code for code, name in enumerate(SCHEDULES)}
 RECOMPUTES = ("none", "selective", "full", "auto")
 BATCH = 16
 """At most this many candidates priced per batch between bound checks (larger without
@@ -104,7 +105,7 @@ def candidate_layout(c: Candidate, splits: LayerSplits | None = None) -> Layout:
     """A Layout from a candidate tuple, without re-validating (the loop nest only builds valid
     ones). ``splits`` is needed only for candidates with an uneven split."""
     tp, pp, cp, dp, ep, etp, vpp, mbs, m, zero, sp, offload, rec, sched, split = c
-    return Layout.model_construct(
+    return Layout.trusted(
         dp=dp,
         tp=tp,
         pp=pp,
@@ -267,6 +268,7 @@ def enumerate_candidates(
     dense_widths = [k.ffn.intermediate_size for k in model.kinds if not isinstance(k.ffn, MoEFFN)]
     max_tp = space.max_tp or (n if space.allow_tp_beyond_scale_up else ctx.cluster.scale_up_domain)
     out = Enumeration([], [])
+    keep = out.candidates.append
 
     def refuse(reason: str, **degrees: Any) -> None:
         out.generated += 1
@@ -304,7 +306,8 @@ def enumerate_candidates(
             raise dense_etp_error("|".join(map(str, space.etp)))
     if "selective" in (space.recompute or ()) and not fw.selective:
         raise InvalidInputError(selective_not_offered(fw.name))
-    offloads = [o for o in (False, True) if _allowed(space.offload_optimizer, o)]
+    # As the candidate tuple holds them (0/1), so the innermost loop converts nothing.
+    offloads = [int(o) for o in (False, True) if _allowed(space.offload_optimizer, o)]
     recomputes = [RECOMPUTES.index(r) for r in (space.recompute or ("auto",))]
     schedules_allowed = space.schedule
     if schedules_allowed == ("interleaved",) and space.vpp is not None and max(space.vpp) < 2:
@@ -443,7 +446,7 @@ def enumerate_candidates(
                                         # Sharding over one replica is no sharding: every
                                         # ZeRO stage is the same layout, so rank it once.
                                         continue
-                                    sps = list(fw.sequence_parallel) if tp > 1 else [False]
+                                    sps = [int(v) for v in fw.sequence_parallel] if tp > 1 else [0]
                                     for sp in sps:
                                         if tp > 1 and not _allowed(space.sp, sp):
                                             continue  # (SP means nothing at tp = 1)
@@ -453,9 +456,10 @@ def enumerate_candidates(
                                             and fw.name == "megatron"
                                             and experts is not None
                                         ):
-                                            refuse("moe_tp_needs_sp", tp=tp, sp=sp)
+                                            refuse("moe_tp_needs_sp", tp=tp, sp=bool(sp))
                                             continue
                                         for offload in offloads:
+                                            out.generated += len(recs)
                                             for rec in recs:
                                                 c = (
                                                     tp,
@@ -468,27 +472,36 @@ def enumerate_candidates(
                                                     mbs,
                                                     m,
                                                     zero,
-                                                    int(sp),
-                                                    int(offload),
+                                                    sp,
+                                                    offload,
                                                     rec,
-                                                    SCHEDULES.index(sched),
+                                                    SCHEDULE_CODES[sched],
                                                     split,
                                                 )
-                                                out.generated += 1
-                                                reason = None
-                                                for name, rule in rules:
-                                                    if rule(candidate_layout(c, splits), ctx):
-                                                        reason = name
-                                                        break
-                                                if reason is not None:
-                                                    out.refused[reason] += 1
-                                                    if record:
-                                                        out.refusals.append(
-                                                            (candidate_dict(c), reason)
-                                                        )
+                                                if rules and _refused_by_rule(
+                                                    c, rules, ctx, splits, out, record
+                                                ):
                                                     continue
-                                                out.candidates.append(c)
+                                                keep(c)
     return out
+
+
+def _refused_by_rule(
+    c: Candidate,
+    rules: Sequence[tuple[str, RefusalRule]],
+    ctx: PricingContext,
+    splits: LayerSplits,
+    out: Enumeration,
+    record: bool,
+) -> bool:
+    """Whether a plugged-in refusal rule refuses the candidate (counted under its name)."""
+    for name, rule in rules:
+        if rule(candidate_layout(c, splits), ctx):
+            out.refused[name] += 1
+            if record:
+                out.refusals.append((candidate_dict(c), name))
+            return True
+    return False
 
 
 def _schedules(
@@ -701,9 +714,16 @@ class SearchPricing:
         """``quick_bound`` of each candidate (the search asks for every one it generated:
         tens of thousands)."""
         out = []
+        # W on the raw degrees it reads (finer than the layer key, so never wrong): a few
+        # hundred of them for tens of thousands of candidates, without building the
+        # shared cache's key for each.
+        by_degrees: dict[tuple[int, ...], float] = {}
         for c in candidates:
-            _tp, pp, _cp, _dp, _ep, _etp, vpp, _mbs, m, _zero, _sp, _offload, _rec, sched, _ = c
-            w = self._layers_seconds(c)
+            tp, pp, cp, _dp, ep, etp, vpp, mbs, m, _zero, sp, _offload, _rec, sched, _ = c
+            degrees = (tp, cp, sp, ep, etp, mbs, sched)
+            w = by_degrees.get(degrees)
+            if w is None:
+                w = by_degrees[degrees] = self._layers_seconds(c)
             if sched in (0, 2):  # 1f1b, gpipe
                 out.append(w * (1 + (m - 1) / pp))
             elif sched == 1:  # interleaved

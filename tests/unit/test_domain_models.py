@@ -144,6 +144,37 @@ def test_sequences_become_tuples_and_equal_models_hash_equal() -> None:
     assert hash(space) == hash(SearchSpace(tp=(1, 2, 4), sp=(True, False)))
 
 
+def test_a_trusted_layout_is_the_validated_one() -> None:
+    """The search's unvalidated constructor takes every field (a field added to Layout
+    and not to ``trusted`` fails here) and builds what validation builds: equal, equally
+    hashed, dumped alike, and as copyable."""
+    assert list(inspect.signature(Layout.trusted).parameters) == list(Layout.model_fields)
+    values = {
+        "dp": 4,
+        "tp": 2,
+        "pp": 4,
+        "vpp": 5,
+        "cp": 2,
+        "ep": 1,
+        "etp": None,
+        "mbs": 1,
+        "num_microbatches": 8,
+        "zero": 1,
+        "sp": True,
+        "schedule": "interleaved",
+        "recompute": "auto",
+        "offload_optimizer": False,
+        "layers_per_stage": None,
+    }
+    trusted, validated = Layout.trusted(**values), Layout(**values)
+    assert trusted == validated and hash(trusted) == hash(validated)
+    assert trusted.model_dump_json() == validated.model_dump_json()
+    assert trusted.model_fields_set == validated.model_fields_set
+    copied = trusted.model_copy(update={"recompute": "none"})
+    assert copied == validated.model_copy(update={"recompute": "none"})
+    assert trusted.recompute == "auto"
+
+
 def test_a_model_spec_and_a_job_can_key_a_cache() -> None:
     cache = {(small_model(), Job(global_batch_size=16, seq_length=4096)): "priced"}
     key = (
