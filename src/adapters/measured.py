@@ -39,6 +39,13 @@ The Hugging Face dataset card gives 79,346,108 bytes for its 87,599 training exa
 906 bytes each; at about 4 bytes per token for English under Llama-family subword
 vocabularies that is about 225 tokens. An estimate, not a measurement: NeMo's and
 Megatron-Bridge's fine-tuning benchmarks pack these examples to the sequence length."""
+TABLES_WITHOUT_VPP = frozenset({("S1", "Finetuning")})
+"""(source_id, table) of published tables with no interleaving (VP) column, so an empty
+vpp cell there is unstated, not 1. NeMo 24.07's fine-tuning table gives only TP and PP
+(docs/source/performance/performance_summary.md), while its pre-training table beside it
+has CP and VP columns; its Llama 2 13B SFT at pp 4 reports 754 model TFLOP/s per GPU, the
+pre-training run's figure at pp 4 × vpp 10, where pp 4 without interleaving would idle
+3/16 of each step in the pipeline bubble."""
 
 
 @dataclass
@@ -372,9 +379,17 @@ class RunInterpreter:
         if gbs % (dp * mbs):
             return skip(f"global batch {gbs} is not a multiple of dp({dp})·mbs({mbs})")
         vpp = _int(row.get("vpp", "")) or 1
-        if pp > 1 and row.get("vpp", "") == "" and re.search(r"\bVPP\b[^.;]*not stated", notes):
-            # An empty vpp column means "not interleaved", unless the notes say the source
-            # does not state it (the Megatron-LM README table); record that it was assumed.
+        if (
+            pp > 1
+            and row.get("vpp", "") == ""
+            and (
+                re.search(r"\bVPP\b[^.;]*not stated", notes)
+                or (row.get("source_id", ""), row.get("table", "")) in TABLES_WITHOUT_VPP
+            )
+        ):
+            # An empty vpp column means "not interleaved", unless the source does not state
+            # it (the notes say so, as of the Megatron-LM README table, or the source's
+            # table has no such column); record that it was assumed.
             assumed.append("vpp=1")
             unstated.add("vpp")
         ep = _int(row.get("ep", "")) or 1

@@ -333,6 +333,23 @@ def test_an_unstated_expert_tp_folds_where_ep_reaches_into_the_tp_ranks(
     assert stated.layout.etp == 2 and "etp" not in stated.unstated
 
 
+def test_a_table_without_an_interleaving_column_leaves_vpp_unstated(
+    interpreter: RunInterpreter,
+) -> None:
+    """NeMo 24.07's fine-tuning table has no VP column: its pipelined rows' empty vpp is
+    unstated (priced at 1, and recorded as assumed), while the same release's
+    pre-training table states VP, and an empty vpp elsewhere still means 1."""
+    sft = case(interpreter, 307)  # Llama 2 13B SFT, 8 H100, tp1 pp4
+    assert sft.layout.pp == 4 and sft.layout.vpp == 1
+    assert "vpp" in sft.unstated and "vpp=1" in sft.assumed
+    unpipelined = case(interpreter, 306)  # pp 1: nothing to interleave
+    assert "vpp" not in unpipelined.unstated
+    pretraining = case(interpreter, 299)  # the pre-training table: pp4 × vpp10
+    assert pretraining.layout.vpp == 10 and "vpp" not in pretraining.unstated
+    bridge = case(interpreter, 43)  # Megatron-Bridge, pp 8, its VP cell empty
+    assert bridge.layout.vpp == 1 and "vpp" not in bridge.unstated
+
+
 def test_llm_foundry_rows_use_its_fused_cross_entropy(
     planner: Planner, interpreter: RunInterpreter
 ) -> None:
