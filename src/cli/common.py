@@ -109,6 +109,17 @@ TpOverlapOpt = Annotated[
     ),
 ]
 
+MoeDispatcherOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--moe-dispatcher",
+        help="How MoE tokens cross the expert-parallel group: alltoall (a copy per chosen "
+        "expert) or deepep (DeepEP/HybridEP: Megatron's flex dispatcher, torchtitan's "
+        "deepep backend; once per rank and remote node reached) [default: alltoall].",
+        show_default=False,
+    ),
+]
+
 Fp8ParamsOpt = Annotated[
     bool | None,
     typer.Option(
@@ -224,6 +235,7 @@ class JobInputs:
     defer_embedding_wgrad: bool | None = None
     wgrad_deferral_limit: int | None = None
     document_tokens: int | None = None
+    moe_dispatcher: str | None = None
     file: Path | None = None
 
     def job(self) -> Job:
@@ -239,6 +251,7 @@ class JobInputs:
             "defer_embedding_wgrad": self.defer_embedding_wgrad,
             "wgrad_deferral_limit": self.wgrad_deferral_limit,
             "document_tokens": self.document_tokens,
+            "moe_dispatcher": self.moe_dispatcher,
         }
         stated = {k: v for k, v in flags.items() if v is not None}
         from_file = load_job_file(self.file) if self.file is not None else {}
@@ -265,6 +278,7 @@ class JobInputs:
                     "defer_embedding_wgrad": "--defer-embedding-wgrad",
                     "wgrad_deferral_limit": "--wgrad-deferral-limit",
                     "document_tokens": "--document-tokens",
+                    "moe_dispatcher": "--moe-dispatcher",
                 }.get(field, field)
             raise InvalidInputError(field_error(exc, where)) from None
 

@@ -33,6 +33,7 @@ from .common import (
     JobInputs,
     MaxMemOpt,
     ModelOpt,
+    MoeDispatcherOpt,
     PrecisionOpt,
     ReserveOpt,
     RuntimeReserveOpt,
@@ -219,6 +220,7 @@ def _layout_command(
     defer_embedding_wgrad: DeferWgradOpt = None,
     wgrad_deferral_limit: WgradDeferralLimitOpt = None,
     document_tokens: DocumentTokensOpt = None,
+    moe_dispatcher: MoeDispatcherOpt = None,
     job_file: JobFileOpt = None,
     memory_mode: Annotated[
         str,
@@ -266,6 +268,7 @@ def _layout_command(
         defer_embedding_wgrad=defer_embedding_wgrad,
         wgrad_deferral_limit=wgrad_deferral_limit,
         document_tokens=document_tokens,
+        moe_dispatcher=moe_dispatcher,
         file=job_file,
     )
     planner, pctx = build_context(

@@ -45,6 +45,7 @@ from .common import (
     JobInputs,
     MaxMemOpt,
     ModelOpt,
+    MoeDispatcherOpt,
     PrecisionOpt,
     ReserveOpt,
     RuntimeReserveOpt,
@@ -557,6 +558,7 @@ def search_cmd(
     defer_embedding_wgrad: DeferWgradOpt = None,
     wgrad_deferral_limit: WgradDeferralLimitOpt = None,
     document_tokens: DocumentTokensOpt = None,
+    moe_dispatcher: MoeDispatcherOpt = None,
     job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = None,
@@ -679,6 +681,7 @@ def search_cmd(
             defer_embedding_wgrad=defer_embedding_wgrad,
             wgrad_deferral_limit=wgrad_deferral_limit,
             document_tokens=document_tokens,
+            moe_dispatcher=moe_dispatcher,
             file=job_file,
         )
         planner, pctx = build_context(

@@ -11,6 +11,7 @@ order of the dimensions (TP innermost by default).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import comb
 
 from .calibration import DeviceEfficiency
 from .cluster import Cluster
@@ -94,6 +95,43 @@ def all_to_all_s(link: GroupLink, bytes_per_rank: float) -> float:
     local = min(link.members_per_domain, n)
     intra = (local - 1) / n * bytes_per_rank / link.intra_bytes_per_s
     inter = (n - local) / n * bytes_per_rank / link.inter_bytes_per_s if local < n else 0.0
+    return max(intra, inter) + link.latency_s
+
+
+def deduplicated_all_to_all_s(
+    link: GroupLink, token_bytes: float, experts: int, top_k: int
+) -> float:
+    """DeepEP/HybridEP dispatch (or combine) of a rank's tokens, ``token_bytes`` for one
+    copy of each, every token routed to ``top_k`` of ``experts`` experts spread evenly
+    over the group.
+
+    A token moves once to each rank holding any of its experts, and over the network
+    once to each remote scale-up domain holding any, where it is forwarded to those ranks:
+    it costs the expected number of distinct ranks and domains its experts fall on, not
+    ``top_k`` copies. Under uniform routing a holder of ``g`` experts is missed with
+    probability C(E − g, k) / C(E, k). The scale-up links carry each delivery from a
+    different member of its domain; the network carries each remote domain's one copy.
+    """
+    n = link.size
+    if n <= 1 or token_bytes <= 0:
+        return 0.0
+    local = min(link.members_per_domain, n)
+    per_rank = experts // n
+
+    def reached(holders: float, held: int) -> float:
+        return holders * (1 - comb(experts - held, top_k) / comb(experts, top_k))
+
+    intra = reached(n, per_rank) * (local - 1) / local * token_bytes / link.intra_bytes_per_s
+    inter = 0.0
+    if local < n:
+        domains = n / local
+        inter = (
+            reached(domains, per_rank * local)
+            * (domains - 1)
+            / domains
+            * token_bytes
+            / link.inter_bytes_per_s
+        )
     return max(intra, inter) + link.latency_s
 
 

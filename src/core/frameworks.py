@@ -81,6 +81,10 @@ class FrameworkTraits:
     tp_comm_overlap: bool = True
     """TP collectives can overlap the GEMMs around them (Megatron's --tp-comm-overlap,
     torchtitan's async TP); DeepSpeed's tensor parallelism has no such overlap."""
+    deduplicated_dispatch: bool = False
+    """MoE tokens can be dispatched with DeepEP or HybridEP (Megatron's flex token
+    dispatcher, torchtitan's deepep/hybridep expert-parallel backend), which send each
+    token once per destination rank and once per remote scale-up domain."""
     deferred_embedding_wgrad: bool = False
     """The last pipeline stage can defer the output layer's weight gradient to the
     pipeline drain (Megatron's --defer-embedding-wgrad-compute)."""
@@ -128,6 +132,11 @@ class FrameworkTraits:
                 "--defer-embedding-wgrad-compute); drop --defer-embedding-wgrad or use "
                 "--framework megatron"
             )
+        if field == "moe_dispatcher" and value == "deepep" and not self.deduplicated_dispatch:
+            return (
+                f"{self.name} has no DeepEP/HybridEP token dispatcher (Megatron's flex "
+                "dispatcher, torchtitan's deepep backend); use moe_dispatcher alltoall"
+            )
         if field == "fp8_param_gather" and value and not self.fp8_primary_weights:
             return (
                 f"{self.name} keeps no fp8 weights as the parameters (Megatron's "
@@ -168,6 +177,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         dp_bucket_bytes=0,
         fp8_primary_weights=True,
         activation_offload=True,
+        deduplicated_dispatch=True,
         deferred_embedding_wgrad=True,
     ),
     "torchtitan": FrameworkTraits(
@@ -190,6 +200,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         dp_bucket_bytes=50 * MiB,
         fp8_primary_weights=False,
         activation_offload=False,
+        deduplicated_dispatch=True,
         sequence_parallel=(True,),
     ),
     "mindformers": FrameworkTraits(

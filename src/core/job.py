@@ -21,6 +21,7 @@ Framework = Literal["megatron", "torchtitan", "mindformers", "deepspeed"]
 Optimizer = Literal["adam", "sgd", "muon"]
 AttentionKernel = Literal["flash", "eager"]
 CPKind = Literal["ring", "all_to_all"]
+MoEDispatcher = Literal["alltoall", "deepep"]
 
 GEMM_PRECISION: dict[str, str] = {
     "bf16": "bf16",
@@ -65,6 +66,13 @@ class Job(Frozen):
     base model; adapters are small enough to leave out)."""
     moe_capacity_factor: float | None = Field(default=None, gt=0)
     """Expert capacity factor; dropless, force-balanced routing (1.0) when unstated."""
+    moe_dispatcher: MoEDispatcher | None = None
+    """How routed tokens cross the expert-parallel group. ``alltoall`` sends one copy of a
+    token per chosen expert (Megatron's alltoall dispatcher, torchtitan's default);
+    ``deepep`` (DeepEP or HybridEP: Megatron's flex dispatcher, torchtitan's deepep and
+    hybridep backends) sends it once to each rank holding any of its experts, and across
+    the network once per remote scale-up domain, forwarding inside the domain. alltoall
+    when unstated."""
     tp_comm_overlap: bool | None = None
     """Whether the TP all-gathers and reduce-scatters overlap the GEMMs around them
     (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers; torchtitan's
@@ -103,6 +111,7 @@ class Job(Frozen):
 
     @field_validator(
         "cp_kind",
+        "moe_dispatcher",
         "tp_comm_overlap",
         "fp8_param_gather",
         "activation_offload",
@@ -138,6 +147,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "attention_kernel": "flash",
     "dropout": 0.0,
     "moe_capacity_factor": 1.0,
+    "moe_dispatcher": "alltoall",
     "finetune": "full",
     "fp8_param_gather": True,
     "activation_offload": False,

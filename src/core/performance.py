@@ -21,6 +21,7 @@ from .collectives import (
     all_gather_s,
     all_reduce_s,
     all_to_all_s,
+    deduplicated_all_to_all_s,
     group_link,
     reduce_scatter_s,
     send_recv_s,
@@ -475,9 +476,17 @@ class NdplanCostModel:
                 )
                 gemm("shared_fc2", n, moe.shared_intermediate_size / t, h)
             if layout.ep > 1:
-                # Dispatch and combine: every token copy's hidden vector crosses the EP group.
-                per_rank = copies / layout.expert_tp * h * ab
-                ep_fwd = 2 * all_to_all_s(self.links(ctx, layout).ep, per_rank)
+                # Dispatch and combine: the tokens' hidden vectors cross the EP group, one
+                # per chosen expert (all-to-all), or one per rank and remote domain reached
+                # (DeepEP, HybridEP).
+                link = self.links(ctx, layout).ep
+                if job.moe_dispatcher == "deepep":
+                    tokens = copies / layout.expert_tp / moe.top_k
+                    ep_fwd = 2 * deduplicated_all_to_all_s(
+                        link, tokens * h * ab, moe.num_experts, moe.top_k
+                    )
+                else:
+                    ep_fwd = 2 * all_to_all_s(link, copies / layout.expert_tp * h * ab)
 
         kernels = sum(op.kernels for op in built.ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
         return LayerCost(

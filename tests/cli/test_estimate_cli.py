@@ -233,6 +233,34 @@ def test_no_tp_comm_overlap_exposes_the_tp_collectives(capsys: pytest.CaptureFix
     assert off["time"]["parts"]["forward"] == default["time"]["parts"]["forward"]
 
 
+def test_deepep_dispatch_sends_fewer_tokens_across_nodes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Qwen3-30B-A3B at EP 16 over two H100 nodes: DeepEP crosses the network once per
+    token and node where the all-to-all sends a copy per remote expert (about 4 of its 8),
+    so the EP communication shrinks ~4× and nothing else moves; an unknown dispatcher, or
+    DeepEP in a framework without it, is refused naming the flag, as is the --job key."""
+    args = ("-m", "qwen3-30b-a3b", "-d", "h100-sxm", "-n", "16", "--gbs", "64", "-s", "4096")
+    args = (*args, "--ep", "16")
+    default = estimate_json(capsys, *args)
+    deepep = estimate_json(capsys, *args, "--moe-dispatcher", "deepep")
+    assert default == estimate_json(capsys, *args, "--moe-dispatcher", "alltoall")
+    ep, ep_deepep = default["time"]["parts"]["ep_comm"], deepep["time"]["parts"]["ep_comm"]
+    assert 3.5 < ep / ep_deepep < 4.5
+    for part in ("forward", "backward", "dp_comm"):
+        assert deepep["time"]["parts"][part] == default["time"]["parts"][part]
+    assert deepep["memory"] == default["memory"]
+    code, out, err = invoke(capsys, *args, "--moe-dispatcher", "flex")
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    assert one_error_line(err).startswith("ndplan: error: --moe-dispatcher: ")
+    job = tmp_path / "job.yaml"
+    job.write_text("moe_dispatcher: deepep\n", encoding="utf-8")
+    code, out, err = invoke(capsys, *args, "--framework", "deepspeed", "--job", str(job))
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    line = one_error_line(err)
+    assert line.startswith(f"ndplan: error: {job}: moe_dispatcher: deepspeed has no DeepEP")
+
+
 def test_fp8_parameters_drop_the_bf16_weights_unless_turned_off(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -25,6 +25,7 @@ from ndplan.core.collectives import (
     all_gather_s,
     all_reduce_s,
     all_to_all_s,
+    deduplicated_all_to_all_s,
     group_link,
     reduce_scatter_s,
     send_recv_s,
@@ -152,6 +153,55 @@ def test_all_to_all_one_member_per_domain_is_all_network() -> None:
     assert lk.members_per_domain == 1
     expected = 7 / 8 * 1e9 / H100_OUT + 8e-6
     assert all_to_all_s(lk, 1e9) == pytest.approx(expected, rel=1e-12)
+
+
+def _expected_reached(experts: int, top_k: int, holders: int) -> float:
+    """Distinct holders a token's experts fall on, averaged over every choice of top_k
+    of the experts (uniform routing), experts spread evenly over the holders."""
+    per_holder = experts // holders
+    hits = [
+        len({e // per_holder for e in chosen})
+        for chosen in itertools.combinations(range(experts), top_k)
+    ]
+    return sum(hits) / len(hits)
+
+
+@pytest.mark.parametrize(("experts", "top_k"), [(8, 1), (8, 3), (16, 4), (12, 6)])
+def test_deduplicated_dispatch_inside_one_domain_sends_once_per_rank_reached(
+    experts: int, top_k: int
+) -> None:
+    """DeepEP inside one node: a token goes once to each rank holding any of its experts
+    (all but the ones it sits on), the expected count over every routing; all-to-all
+    sends top_k copies."""
+    lk = GroupLink(4, 1.0, 1e-6, members_per_domain=4, intra_bytes_per_s=10e9)
+    ranks = _expected_reached(experts, top_k, 4)
+    expected = ranks * 3 / 4 * 1e9 / 10e9 + 1e-6
+    assert deduplicated_all_to_all_s(lk, 1e9, experts, top_k) == pytest.approx(expected, rel=1e-12)
+    assert deduplicated_all_to_all_s(lk, 1e9, experts, top_k) <= all_to_all_s(lk, top_k * 1e9)
+
+
+def test_deduplicated_dispatch_crosses_the_network_once_per_remote_domain() -> None:
+    """EP = 16 over two H100 nodes (DeepEP internode): a token crosses the network once to
+    the other node if any of its experts is there, then NVLink forwards it; with Qwen3-30B's
+    128 experts and top-8 that is ~1 network copy where all-to-all sends 8 · 8/16 = 4."""
+    lk = group_link(cluster(), EFF, 16, 1)
+    assert lk.members_per_domain == 8
+    # The other node is missed only when all 8 experts are among this node's 64.
+    remote = 1 - math.comb(64, 8) / math.comb(128, 8)
+    inter = remote * 1e9 / H100_OUT
+    intra = 16 * (1 - math.comb(120, 8) / math.comb(128, 8)) * 7 / 8 * 1e9 / H100_UP
+    assert inter > intra
+    got = deduplicated_all_to_all_s(lk, 1e9, 128, 8)
+    assert got == pytest.approx(inter + 8e-6, rel=1e-12)
+    assert got < all_to_all_s(lk, 8 * 1e9) / 3.9
+
+
+def test_deduplicated_dispatch_of_one_expert_crosses_the_network_as_all_to_all() -> None:
+    """top-1: nothing to deduplicate, so the network share equals all-to-all's; only the
+    forwarding hop inside the remote node is added on NVLink."""
+    lk = group_link(cluster(), EFF, 32, 1)
+    one = deduplicated_all_to_all_s(lk, 1e9, 64, 1)
+    assert one == pytest.approx(all_to_all_s(lk, 1e9), rel=1e-12)
 
 
 # ----------------------------------------------------------------------------- group_link

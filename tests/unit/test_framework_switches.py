@@ -89,3 +89,27 @@ def test_an_unstated_context_parallel_algorithm_is_the_framework_default(
 def test_an_unstated_framework_is_checked_as_megatron() -> None:
     assert job(defer_embedding_wgrad=True).defer_embedding_wgrad is True
     assert job(cp_kind="all_to_all").cp_kind == "all_to_all"
+
+
+def test_deduplicated_moe_dispatch_exists_where_deepep_does() -> None:
+    """DeepEP/HybridEP dispatch is Megatron's flex dispatcher and torchtitan's deepep
+    backend; MindFormers and DeepSpeed have only the all-to-all, which every one has."""
+    offered = set()
+    for framework in FRAMEWORKS:
+        assert job(framework=framework, moe_dispatcher="alltoall").moe_dispatcher == "alltoall"
+        try:
+            job(framework=framework, moe_dispatcher="deepep")
+        except ValidationError as exc:
+            (error,) = exc.errors()
+            assert error["loc"] == ("moe_dispatcher",)
+            assert framework in error["msg"] and "use moe_dispatcher alltoall" in error["msg"]
+            continue
+        offered.add(framework)
+    assert offered == {"megatron", "torchtitan"}
+
+
+def test_an_unstated_moe_dispatcher_is_the_all_to_all() -> None:
+    recorder = AssumptionRecorder()
+    assert JobSettings(job(), recorder).moe_dispatcher == "alltoall"
+    (assumed,) = [a for a in recorder.items if a.field == "job.moe_dispatcher"]
+    assert (assumed.value, assumed.reader) == ("alltoall", "pricing")
