@@ -441,6 +441,9 @@ class RunInterpreter:
             defers_head_wgrad = (not nemo_1) if nvidia_perf else None
         try:
             job = Job(
+                moe_dispatcher=("deepep" if deepep_recipe(row, device.id) else None)
+                if short == "megatron-bridge" and moe
+                else None,
                 global_batch_size=gbs,
                 seq_length=seq,
                 precision=precision,
@@ -596,6 +599,34 @@ def _family(model: ModelSpec, label: str) -> str:
         if key in text:
             return key.replace(" ", "-")
     return model.model_type
+
+
+DEEPEP_RECIPES: dict[str, frozenset[str]] = {
+    "DeepSeekV3": frozenset({"gb300", "gb200", "b300", "b200", "h100-sxm"}),
+    "Qwen3_30B_a3B": frozenset({"gb300", "gb200", "b300", "b200", "h100-sxm"}),
+    "Qwen3_235B_a22B": frozenset({"gb300", "gb200"}),
+    "Kimi_K2": frozenset({"gb300", "gb200"}),
+}
+"""Where Megatron-Bridge's performance configs dispatch MoE tokens with DeepEP or
+HybridEP (``moe_flex_dispatcher_backend``), by model and system, read from
+scripts/performance/configs/{deepseek,qwen,kimi,gpt_oss}/*_workload_base_configs.py.
+Qwen3-235B-A22B's B200, B300 and H100 configs set ``moe_token_dispatcher_type="alltoall"``;
+GPT-OSS 120B sets HybridEP only in some of its GBS-1,280 configs (``deepep_recipe``)."""
+
+
+def deepep_recipe(row: Mapping[str, str], device_id: str) -> bool:
+    """Whether a Megatron-Bridge MoE row's performance config uses DeepEP or HybridEP.
+    GPT-OSS 120B's GBS-1,280 configs set HybridEP at MXFP8 on GB200 and GB300, and on
+    B300 together with EP 8 (its earlier B300 runs, at EP 64, kept the all-to-all)."""
+    label = row.get("model", "")
+    if label == "GPT OSS 120B":
+        if _int(row.get("global_batch_size", "")) != 1280:
+            return False
+        if device_id == "b300":
+            return _int(row.get("ep", "")) == 8
+        precision = precision_of(row.get("precision", ""))
+        return device_id in ("gb300", "gb200") and precision == "mxfp8"
+    return device_id in DEEPEP_RECIPES.get(label, frozenset())
 
 
 def packs_squad(row: dict[str, str], source: str) -> bool:

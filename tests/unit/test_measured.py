@@ -683,3 +683,34 @@ def test_layer_level_checkpointing_recomputes_every_second_layer_whole(
     kept = pricer.price(mixed.layout).activations[0]
     whole = pricer.price(mixed.layout.model_copy(update={"recompute": "full"})).activations[0]
     assert pricer.price_layer_checkpointing(mixed.layout, 2).activations[0] == (kept + whole) / 2
+
+
+def test_megatron_bridge_moe_rows_dispatch_as_their_performance_configs(
+    interpreter: RunInterpreter,
+) -> None:
+    """Megatron-Bridge's performance configs dispatch with DeepEP/HybridEP (flex) for
+    DeepSeek-V3 and Qwen3-30B-A3B on every system, and for Qwen3-235B-A22B only on
+    GB200/GB300 (its B200, B300 and H100 configs set the all-to-all); GPT-OSS 120B only in
+    its GBS-1,280 MXFP8 configs on GB200/GB300 and its ep-8 B300 one. Every other row leaves the
+    dispatcher unstated (the all-to-all)."""
+    deepep = {
+        50: "Qwen3-30B-A3B, 16 H100, ep16",
+        91: "DeepSeek-V3, 256 B200, ep32",
+        290: "DeepSeek-V3, 1,024 H100, ep64",
+        10: "Qwen3-235B-A22B, 256 GB200",
+        5: "GPT-OSS 120B, 64 GB300, MXFP8, GBS 1,280",
+        94: "GPT-OSS 120B, 64 B300, BF16, GBS 1,280",
+    }
+    alltoall = {
+        106: "Qwen3-235B-A22B, 256 H100",
+        105: "Qwen3-235B-A22B, 256 B200",
+        92: "GPT-OSS 120B, 64 GB300, BF16",
+        95: "GPT-OSS 120B, 64 B200, BF16",
+        221: "GPT-OSS 120B, 64 B300, ep 64 (26.02, before the ep-8 HybridEP config)",
+        335: "Mixtral 8x7B, NeMo",
+        74: "Llama 3 70B: dense",
+    }
+    for row_id, what in deepep.items():
+        assert case(interpreter, row_id).job.moe_dispatcher == "deepep", what
+    for row_id, what in alltoall.items():
+        assert case(interpreter, row_id).job.moe_dispatcher is None, what
