@@ -441,8 +441,8 @@ class RunInterpreter:
             defers_head_wgrad = (not nemo_1) if nvidia_perf else None
         try:
             job = Job(
-                moe_dispatcher=("deepep" if deepep_recipe(row, device.id) else None)
-                if short == "megatron-bridge" and moe
+                moe_dispatcher="deepep"
+                if short == "megatron-bridge" and moe and deepep_recipe(row, device.id)
                 else None,
                 global_batch_size=gbs,
                 seq_length=seq,
