@@ -442,7 +442,9 @@ class RunInterpreter:
         try:
             job = Job(
                 moe_dispatcher="deepep"
-                if short == "megatron-bridge" and moe and deepep_recipe(row, device.id)
+                if short == "megatron-bridge"
+                and moe
+                and deepep_recipe(label, device.id, precision, gbs, ep)
                 else None,
                 global_batch_size=gbs,
                 seq_length=seq,
@@ -614,17 +616,15 @@ Qwen3-235B-A22B's B200, B300 and H100 configs set ``moe_token_dispatcher_type="a
 GPT-OSS 120B sets HybridEP only in some of its GBS-1,280 configs (``deepep_recipe``)."""
 
 
-def deepep_recipe(row: Mapping[str, str], device_id: str) -> bool:
+def deepep_recipe(label: str, device_id: str, precision: str, gbs: int, ep: int) -> bool:
     """Whether a Megatron-Bridge MoE row's performance config uses DeepEP or HybridEP.
     GPT-OSS 120B's GBS-1,280 configs set HybridEP at MXFP8 on GB200 and GB300, and on
     B300 together with EP 8 (its earlier B300 runs, at EP 64, kept the all-to-all)."""
-    label = row.get("model", "")
     if label == "GPT OSS 120B":
-        if _int(row.get("global_batch_size", "")) != 1280:
+        if gbs != 1280:
             return False
         if device_id == "b300":
-            return _int(row.get("ep", "")) == 8
-        precision = precision_of(row.get("precision", ""))
+            return ep == 8
         return device_id in ("gb300", "gb200") and precision == "mxfp8"
     return device_id in DEEPEP_RECIPES.get(label, frozenset())
 

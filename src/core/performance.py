@@ -481,7 +481,7 @@ class NdplanCostModel:
                 # (DeepEP, HybridEP).
                 link = self.links(ctx, layout).ep
                 if job.moe_dispatcher == "deepep":
-                    tokens = copies / layout.expert_tp / moe.top_k
+                    tokens = n / sigma * job.moe_capacity_factor  # one copy of each
                     ep_fwd = 2 * deduplicated_all_to_all_s(
                         link, tokens * h * ab, moe.num_experts, moe.top_k
                     )
