@@ -11,6 +11,7 @@ order of the dimensions (TP innermost by default).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from math import comb
 
 from .calibration import DeviceEfficiency
@@ -99,40 +100,83 @@ def all_to_all_s(link: GroupLink, bytes_per_rank: float) -> float:
 
 
 def deduplicated_all_to_all_s(
-    link: GroupLink, token_bytes: float, experts: int, top_k: int
+    link: GroupLink,
+    token_bytes: float,
+    experts: int,
+    top_k: int,
+    groups: int = 1,
+    groups_per_token: int = 1,
 ) -> float:
     """DeepEP/HybridEP dispatch (or combine) of a rank's tokens, ``token_bytes`` for one
     copy of each, every token routed to ``top_k`` of ``experts`` experts spread evenly
-    over the group.
+    over the group; with group-limited routing (DeepSeek's ``n_group``/``topk_group``)
+    only among the experts of ``groups_per_token`` of ``groups`` contiguous groups.
 
     A token moves once to each rank holding any of its experts, and over the network
     once to each remote scale-up domain holding any, where it is forwarded to those ranks:
     it costs the expected number of distinct ranks and domains its experts fall on, not
-    ``top_k`` copies. Under uniform routing a holder of ``g`` experts is missed with
-    probability C(E − g, k) / C(E, k). The scale-up links carry each delivery from a
-    different member of its domain; the network carries each remote domain's one copy.
+    ``top_k`` copies. Group-limited routing exists to cut that count where a group lies
+    on one node. The scale-up links carry each delivery from a different member of its
+    domain; the network carries each remote domain's one copy.
     """
     n = link.size
     if n <= 1 or token_bytes <= 0:
         return 0.0
     local = min(link.members_per_domain, n)
+    routing = (experts, top_k, groups, groups_per_token)
     per_rank = experts // n
-
-    def reached(holders: float, held: int) -> float:
-        return holders * (1 - comb(experts - held, top_k) / comb(experts, top_k))
-
-    intra = reached(n, per_rank) * (local - 1) / local * token_bytes / link.intra_bytes_per_s
+    ranks = expected_holders_reached(*routing, per_rank)
+    intra = ranks * (local - 1) / local * token_bytes / link.intra_bytes_per_s
     inter = 0.0
     if local < n:
         domains = n / local
-        inter = (
-            reached(domains, per_rank * local)
-            * (domains - 1)
-            / domains
-            * token_bytes
-            / link.inter_bytes_per_s
-        )
+        reached = expected_holders_reached(*routing, per_rank * local)
+        inter = reached * (domains - 1) / domains * token_bytes / link.inter_bytes_per_s
     return max(intra, inter) + link.latency_s
+
+
+@lru_cache(maxsize=256)
+def expected_holders_reached(
+    experts: int, top_k: int, groups: int, groups_per_token: int, held: int
+) -> float:
+    """Expected number of holders (ranks or domains, each holding a contiguous block of
+    ``held`` experts) that a token's ``top_k`` experts fall on, under uniform routing:
+    ``groups_per_token`` of the ``groups`` contiguous expert groups drawn at random, then
+    ``top_k`` experts at random among theirs (one group: plain top-k).
+
+    A holder overlapping the groups by ``a_i`` experts is missed with probability
+    E_Q[C(S − Σ_{i∈Q} a_i, k) / C(S, k)] over the drawn set Q, S = ``groups_per_token`` ·
+    experts / groups; the distribution of Σ a_i over Q is counted exactly. Where the
+    blocks do not tile the experts (an EP group of 128 over 72-GPU racks), the partial
+    last holder counts as its fraction of one, at the mean of the whole ones.
+    """
+    group_size = experts // groups
+    candidates = groups_per_token * group_size
+    draws = comb(groups, groups_per_token) * comb(candidates, top_k)
+    whole = experts // held
+    hit = 0.0
+    for holder in range(whole):
+        first, last = holder * held, (holder + 1) * held
+        overlaps = [
+            min(last, (g + 1) * group_size) - max(first, g * group_size)
+            for g in range(first // group_size, min(groups, -(-last // group_size)))
+        ]
+        # ways[c][x]: sets of c of the overlapped groups whose overlaps sum to x.
+        ways = [[0] * (held + 1) for _ in range(len(overlaps) + 1)]
+        ways[0][0] = 1
+        for a in overlaps:
+            for c in range(len(overlaps), 0, -1):
+                for x in range(held, a - 1, -1):
+                    ways[c][x] += ways[c - 1][x - a]
+        others = groups - len(overlaps)
+        missed = sum(
+            count * comb(others, groups_per_token - c) * comb(candidates - x, top_k)
+            for c, row in enumerate(ways[: groups_per_token + 1])
+            for x, count in enumerate(row)
+            if count
+        )
+        hit += 1 - missed / draws
+    return experts / held * hit / whole
 
 
 def send_recv_s(link: GroupLink, nbytes: float) -> float:

@@ -109,14 +109,34 @@ class MoEFFN(Frozen):
     shared_expert_gate: bool = False
     """A scalar sigmoid gate on the shared expert output (Qwen2-MoE, Qwen3-Next)."""
     router_bias: bool = False
+    routing_groups: PositiveInt = 1
+    """Contiguous expert groups of group-limited routing (DeepSeek's n_group; 1: none)."""
+    routing_groups_per_token: PositiveInt | None = None
+    """How many groups a token's experts may come from (DeepSeek's topk_group; None: all)."""
 
     @model_validator(mode="after")
-    def _top_k_within_experts(self) -> MoEFFN:
+    def _routing_fits_the_experts(self) -> MoEFFN:
         if self.top_k > self.num_experts:
             raise ValueError(
                 f"num_experts_per_tok({self.top_k}) exceeds num_experts({self.num_experts})"
             )
+        groups, per_token = self.routing_group_limit
+        if self.num_experts % groups:
+            raise ValueError(f"n_group({groups}) must divide num_experts({self.num_experts})")
+        if per_token > groups:
+            raise ValueError(f"topk_group({per_token}) exceeds n_group({groups})")
+        if self.top_k > per_token * self.num_experts // groups:
+            raise ValueError(
+                f"num_experts_per_tok({self.top_k}) exceeds the experts of topk_group"
+                f"({per_token}) of n_group({groups}) groups"
+            )
         return self
+
+    @property
+    def routing_group_limit(self) -> tuple[int, int]:
+        """(groups, groups a token may use); (1, 1) when routing is not group-limited."""
+        per_token = self.routing_groups_per_token
+        return self.routing_groups, self.routing_groups if per_token is None else per_token
 
 
 FFN = Annotated[DenseFFN | MoEFFN, Field(discriminator="kind")]

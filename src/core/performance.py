@@ -478,12 +478,12 @@ class NdplanCostModel:
             if layout.ep > 1:
                 # Dispatch and combine: the tokens' hidden vectors cross the EP group, one
                 # per chosen expert (all-to-all), or one per rank and remote domain reached
-                # (DeepEP, HybridEP).
+                # (DeepEP, HybridEP), which group-limited routing keeps to fewer nodes.
                 link = self.links(ctx, layout).ep
                 if job.moe_dispatcher == "deepep":
                     tokens = n / sigma * job.moe_capacity_factor  # one copy of each
                     ep_fwd = 2 * deduplicated_all_to_all_s(
-                        link, tokens * h * ab, moe.num_experts, moe.top_k
+                        link, tokens * h * ab, moe.num_experts, moe.top_k, *moe.routing_group_limit
                     )
                 else:
                     ep_fwd = 2 * all_to_all_s(link, copies / layout.expert_tp * h * ab)

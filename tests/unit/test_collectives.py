@@ -26,6 +26,7 @@ from ndplan.core.collectives import (
     all_reduce_s,
     all_to_all_s,
     deduplicated_all_to_all_s,
+    expected_holders_reached,
     group_link,
     reduce_scatter_s,
     send_recv_s,
@@ -202,6 +203,59 @@ def test_deduplicated_dispatch_of_one_expert_crosses_the_network_as_all_to_all()
     lk = group_link(cluster(), EFF, 32, 1)
     one = deduplicated_all_to_all_s(lk, 1e9, 64, 1)
     assert one == pytest.approx(all_to_all_s(lk, 1e9), rel=1e-12)
+
+
+def _expected_reached_group_limited(
+    experts: int, top_k: int, groups: int, groups_per_token: int, per_holder: int
+) -> float:
+    """The same with group-limited routing: every choice of ``groups_per_token`` of the
+    contiguous groups, then every choice of top_k of their experts, equally likely."""
+    size = experts // groups
+    hits = [
+        len({e // per_holder for e in chosen})
+        for drawn in itertools.combinations(range(groups), groups_per_token)
+        for chosen in itertools.combinations(
+            [g * size + i for g in drawn for i in range(size)], top_k
+        )
+    ]
+    return sum(hits) / len(hits)
+
+
+@pytest.mark.parametrize(
+    ("experts", "top_k", "groups", "groups_per_token", "per_holder"),
+    [
+        (16, 3, 4, 2, 2),  # a rank holds part of a group
+        (16, 3, 4, 2, 4),  # a rank holds one group
+        (16, 4, 4, 2, 8),  # a domain holds two groups
+        (24, 2, 8, 3, 4),  # holders straddle groups
+        (12, 2, 3, 1, 6),  # every token inside one group
+        (16, 3, 1, 1, 4),  # no grouping: plain top-k
+    ],
+)
+def test_group_limited_reach_counts_every_routing(
+    experts: int, top_k: int, groups: int, groups_per_token: int, per_holder: int
+) -> None:
+    got = expected_holders_reached(experts, top_k, groups, groups_per_token, per_holder)
+    brute = _expected_reached_group_limited(experts, top_k, groups, groups_per_token, per_holder)
+    assert got == pytest.approx(brute, rel=1e-12)
+
+
+def test_node_limited_routing_keeps_deepseek_v3_to_four_nodes() -> None:
+    """DeepSeek-V3 at EP 64 over eight H100 nodes: each node holds one of the 8 groups of
+    32 experts, and a token's 8 experts come from 4 groups, so it reaches at most 4 nodes
+    (3.63 expected) where unlimited routing reaches 5.29; the network share falls by that
+    ratio and NVLink barely changes."""
+    lk = group_link(cluster(n=1024), EFF, 64, 1)
+    assert lk.members_per_domain == 8
+    assert expected_holders_reached(256, 8, 8, 4, 32) == pytest.approx(
+        4 * (1 - math.comb(96, 8) / math.comb(128, 8)), rel=1e-12
+    )
+    limited = deduplicated_all_to_all_s(lk, 1e9, 256, 8, 8, 4)
+    free = deduplicated_all_to_all_s(lk, 1e9, 256, 8)
+    assert free == pytest.approx(deduplicated_all_to_all_s(lk, 1e9, 256, 8, 1, 1), rel=1e-12)
+    domains = 4 * (1 - math.comb(96, 8) / math.comb(128, 8))
+    assert limited == pytest.approx(domains * 7 / 8 * 1e9 / H100_OUT + 8e-6, rel=1e-12)
+    assert (limited - 8e-6) / (free - 8e-6) == pytest.approx(0.685, abs=0.001)
 
 
 # ----------------------------------------------------------------------------- group_link

@@ -548,3 +548,44 @@ def test_falcon_states_alibi() -> None:
     }
     assert read_hf_config({**raw, "alibi": True}, origin="f").position_embedding == "alibi"
     assert read_hf_config({**raw, "alibi": False}, origin="f").position_embedding == "rope"
+
+
+@pytest.mark.parametrize(
+    ("preset_id", "limit"),
+    [
+        ("deepseek-v3", (8, 4)),  # noaux_tc: always group-limited
+        ("deepseek-v2", (8, 3)),  # topk_method group_limited_greedy
+        ("deepseek-v2-lite", (1, 1)),  # topk_method greedy: plain top-k
+        ("kimi-k2", (1, 1)),  # n_group 1
+        ("qwen3-30b-a3b", (1, 1)),  # no groups stated
+    ],
+)
+def test_group_limited_routing_is_read_where_the_router_applies_it(
+    preset_id: str, limit: tuple[int, int]
+) -> None:
+    model = preset(preset_id)
+    moe = [k.ffn for k in model.kinds if isinstance(k.ffn, MoEFFN)]
+    if model.mtp_kind is not None:
+        moe.append(model.mtp_kind.ffn)
+    assert moe and all(ffn.routing_group_limit == limit for ffn in moe)
+
+
+def test_megatron_router_group_names_and_their_limits() -> None:
+    """Megatron's moe_router_num_groups / moe_router_group_topk name the same limit; a
+    limit that cannot hold its top-k, or groups that do not divide the experts, are
+    refused naming the field."""
+    raw = dict(builtin_presets()["deepseek-v3"])
+    for key in ("n_group", "topk_group", "topk_method"):
+        raw.pop(key)
+    megatron = {**raw, "moe_router_num_groups": 8, "moe_router_group_topk": 2}
+    spec = read_hf_config(megatron, origin="megatron")
+    assert spec.kinds[-1].ffn.routing_group_limit == (8, 2)
+    assert read_hf_config(raw, origin="none").kinds[-1].ffn.routing_group_limit == (1, 1)
+    with pytest.raises(InvalidInputError, match="topk_group"):
+        read_hf_config(
+            {**megatron, "moe_router_group_topk": 1, "num_experts_per_tok": 40}, origin="x"
+        )
+    with pytest.raises(InvalidInputError, match="n_group"):
+        read_hf_config({**megatron, "moe_router_num_groups": 7}, origin="x")
+    with pytest.raises(InvalidInputError, match="topk_group"):
+        read_hf_config({**raw, "n_group": 8}, origin="x")

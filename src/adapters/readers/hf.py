@@ -46,6 +46,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "num_experts": ("n_routed_experts", "num_local_experts", "moe_num_experts"),
     "num_experts_per_tok": ("experts_per_token", "moe_top_k", "moe_router_topk"),
     "n_shared_experts": ("num_shared_experts",),
+    "n_group": ("moe_router_num_groups",),
+    "topk_group": ("moe_router_group_topk",),
     "num_nextn_predict_layers": ("mtp_num_hidden_layers",),
     "hidden_act": ("activation_function", "hidden_activation", "activation"),
 }
@@ -521,6 +523,17 @@ def _attention(cfg: ConfigView, model_type: str, index: int, h: int, heads: int)
 EXPERT_WIDTH_IS_INTERMEDIATE = frozenset({"mixtral", "gpt_oss", "phimoe"})
 
 
+def _routing_groups(cfg: ConfigView, model_type: str) -> tuple[int, int | None]:
+    """Group-limited routing: ``n_group`` groups, a token's experts from ``topk_group`` of
+    them. DeepSeek-V2 applies it only under ``topk_method: group_limited_greedy`` (its
+    default is plain greedy top-k); DeepSeek-V3 and its descendants always do."""
+    groups = cfg.int("n_group", assume=False) or 1
+    method = cfg.raw.get("topk_method")
+    if groups == 1 or method == "greedy" or (method is None and model_type == "deepseek_v2"):
+        return 1, None
+    return groups, cfg.int("topk_group", required=True)
+
+
 def _ffn(cfg: ConfigView, model_type: str, index: int, h: int):
     act, gated = _activation(cfg, model_type)
     if _is_moe_layer(cfg, model_type, index):
@@ -540,9 +553,12 @@ def _ffn(cfg: ConfigView, model_type: str, index: int, h: int):
             shared_width = shared_count * width
         elif shared_width and not shared_count:
             shared_count = 1
+        groups, groups_per_token = _routing_groups(cfg, model_type)
         return MoEFFN(
             num_experts=experts,
             top_k=cfg.int("num_experts_per_tok", required=True),
+            routing_groups=groups,
+            routing_groups_per_token=groups_per_token,
             expert_intermediate_size=width,
             gated=gated,
             activation=act,
