@@ -202,11 +202,15 @@ def read_yaml(path: Path, what: str) -> Any:
 def load_job_file(path: Path) -> dict[str, Any]:
     """``--job FILE``: a mapping of job fields, keys checked (values are checked with the
     flags', by ``Job``)."""
-    data = read_yaml(path, "job")
+    return job_settings(read_yaml(path, "job"), str(path))
+
+
+def job_settings(data: Any, where: str) -> dict[str, Any]:
+    """A mapping of job fields (a ``--job`` file's, a sweep file's ``job:``), keys checked."""
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InvalidInputError(f"{path}: expected a mapping of job field → value")
+        raise InvalidInputError(f"{where}: expected a mapping of job field → value")
     for key in data:
         if key not in FILE_JOB_FIELDS:
             hint = (
@@ -215,7 +219,7 @@ def load_job_file(path: Path) -> dict[str, Any]:
                 else did_you_mean(key, FILE_JOB_FIELDS)
             )
             raise InvalidInputError(
-                f"{path}: unknown key '{key}'{hint} (known: {', '.join(FILE_JOB_FIELDS)})"
+                f"{where}: unknown key '{key}'{hint} (known: {', '.join(FILE_JOB_FIELDS)})"
             )
     return data
 
@@ -237,6 +241,10 @@ class JobInputs:
     document_tokens: int | None = None
     moe_dispatcher: str | None = None
     file: Path | None = None
+    settings: dict[str, Any] | None = None
+    """Job fields already read (a sweep's, once for every scenario), in place of ``file``."""
+    settings_from: str = "job"
+    """Where ``settings`` came from, for errors."""
 
     def job(self) -> Job:
         flags = {
@@ -254,7 +262,11 @@ class JobInputs:
             "moe_dispatcher": self.moe_dispatcher,
         }
         stated = {k: v for k, v in flags.items() if v is not None}
-        from_file = load_job_file(self.file) if self.file is not None else {}
+        if self.settings is not None:
+            from_file, origin = self.settings, self.settings_from
+        else:
+            from_file = load_job_file(self.file) if self.file is not None else {}
+            origin = str(self.file)
         try:
             return Job(
                 global_batch_size=self.gbs,
@@ -264,7 +276,7 @@ class JobInputs:
         except ValidationError as exc:
             field = error_field(exc)
             if field in from_file and field not in stated:
-                where = f"{self.file}: {field}"
+                where = f"{origin}: {field}"
             else:
                 where = {
                     "precision": "--precision",

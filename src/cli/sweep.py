@@ -30,10 +30,13 @@ from ndplan.sweep import ROW_FIELDS, Scenario, SweepRecipe, run_sweep
 from .common import (
     CalibrationOpt,
     FrameworkOpt,
+    JobFileOpt,
     JobInputs,
     MaxMemOpt,
     PrecisionOpt,
     check_memory_budget,
+    job_settings,
+    load_job_file,
     read_yaml,
 )
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
@@ -44,7 +47,7 @@ from .search import UNEVEN_NOTE, build_space, load_space_file, pipeline_cell, sp
 
 GRID_KEYS = ("model", "device", "devices", "gbs", "seq_len")
 """What varies: each a scalar or a list; every combination is one scenario."""
-SHARED_KEYS = ("precision", "framework", "max_mem", "space")
+SHARED_KEYS = ("precision", "framework", "max_mem", "space", "job")
 """What applies to every scenario."""
 FILE_KEYS = (*GRID_KEYS, *SHARED_KEYS, "scenarios")
 FLAGS = {
@@ -206,7 +209,7 @@ def sweep_cmd(
         typer.Argument(
             metavar="FILE",
             help="A sweep YAML: model, device, devices, gbs, seq_len (each a value or a "
-            "list), precision, framework, max_mem, space, scenarios.",
+            "list), precision, framework, max_mem, space, job, scenarios.",
             show_default=False,
         ),
     ] = None,
@@ -247,6 +250,7 @@ def sweep_cmd(
             show_default=False,
         ),
     ] = None,
+    job_file: JobFileOpt = None,
     calibration: CalibrationOpt = None,
     strict: Strict = False,
     as_json: Json = False,
@@ -287,6 +291,11 @@ def sweep_cmd(
             "seq_len": seq_len,
         }
         combos = expand(file_values, flags)
+        if job_file is not None:
+            job_values, job_from = load_job_file(job_file), str(job_file)
+        else:
+            job_from = f"{file}: job"
+            job_values = job_settings(file_values.get("job"), job_from)
         precision = precision if precision is not None else file_values.get("precision")
         framework = framework if framework is not None else file_values.get("framework")
         if space_file is not None:
@@ -319,7 +328,16 @@ def sweep_cmd(
             check_memory_budget(max_mem, dev)
         scenarios = []
         for c in combos:
-            job = JobInputs(c["gbs"], c["seq_len"], precision, framework, None, None).job()
+            job = JobInputs(
+                c["gbs"],
+                c["seq_len"],
+                precision,
+                framework,
+                None,
+                None,
+                settings=job_values,
+                settings_from=job_from,
+            ).job()
             spec = specs[c["model"]]
             space = build_space(
                 vary=None,

@@ -195,3 +195,36 @@ def test_a_dualpipev_best_plan_is_marked_in_the_table(capsys, tmp_path: Path) ->
     assert "│ 2v │" in out and "1 scenario · 1 with a plan" in out
     assert run(["search", *argv, "--space", str(space), "-t", "1"]) == 0
     assert "│ 2v" in capsys.readouterr().out
+
+
+def test_job_settings_apply_to_every_scenario_as_in_search(capsys, tmp_path: Path) -> None:
+    """The sweep file's `job:` mapping (or --job FILE) is what `ndplan search --job` takes:
+    DeepEP dispatch makes EP across the two nodes the best plan, as search finds it."""
+    grid = ["-m", "qwen3-30b-a3b", "-d", "h100", "-n", "16", "--gbs", "256", "-s", "4096"]
+    path = tmp_path / "sweep.yaml"
+    path.write_text("precision: fp8\njob: {moe_dispatcher: deepep}\n", encoding="utf-8")
+    (deepep,) = sweep_json(capsys, str(path), *grid, "-j", "1")
+    (alltoall,) = sweep_json(capsys, *grid, "--precision", "fp8", "-j", "1")
+    assert run(["search", *grid, "--precision", "fp8", "--moe-dispatcher", "deepep", "--json"]) == 0
+    best = json.loads(capsys.readouterr().out)["plans"][0]
+    assert deepep["step_s"] == best["time"]["step_s"]
+    assert (deepep["ep"], best["layout"]["ep"]) == (16, 16)
+    assert deepep["step_s"] < alltoall["step_s"]
+    job = tmp_path / "job.yaml"
+    job.write_text("moe_dispatcher: deepep\n", encoding="utf-8")
+    (from_flag,) = sweep_json(capsys, *grid, "--precision", "fp8", "--job", str(job), "-j", "1")
+    assert from_flag == deepep
+
+
+def test_a_bad_job_setting_names_where_it_came_from(capsys, tmp_path: Path) -> None:
+    grid = ["-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "64", "-s", "2048"]
+    path = tmp_path / "sweep.yaml"
+    path.write_text("job: {moe_dispatch: deepep}\n", encoding="utf-8")
+    assert run(["sweep", str(path), *grid, "-j", "1"]) == 3
+    assert "job: unknown key 'moe_dispatch'; did you mean moe_dispatcher?" in (
+        capsys.readouterr().err
+    )
+    path.write_text("job: {optimizer: lion}\n", encoding="utf-8")
+    assert run(["sweep", str(path), *grid, "-j", "1"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ndplan: error: {path}: job: optimizer:")
