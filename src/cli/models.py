@@ -426,6 +426,9 @@ def _ffn_text(ffn: DenseFFN | MoEFFN) -> str:
             ", bias" if ffn.bias else ""
         )
     text = f"MoE {ffn.num_experts}×{ffn.expert_intermediate_size}, top-{ffn.top_k}"
+    groups, per_token = ffn.routing_group_limit
+    if per_token < groups:
+        text += f" from {per_token} of {groups} groups"
     if ffn.shared_intermediate_size:
         text += f", shared {ffn.num_shared_experts} ({ffn.shared_intermediate_size} wide"
         text += ", gated)" if ffn.shared_expert_gate else ")"

@@ -140,6 +140,11 @@ def test_show_moe_and_mtp(capsys: pytest.CaptureFixture[str]) -> None:
     assert report["mtp_parameters"] == 11_610_067_968
     assert report["layer_order"] == [["mla+dense", 3], ["mla+moe", 58]]
     assert report["mtp_kind"]["count"] == 1
+    ffn = report["layer_kinds"][1]["ffn"]  # node-limited routing: 8 experts from 4 of 8 groups
+    assert (ffn["top_k"], ffn["routing_groups"], ffn["routing_groups_per_token"]) == (8, 8, 4)
+    code, out, err = invoke(capsys, "models", "show", "deepseek-v3")
+    assert code == 0, err
+    assert "top-8 from 4 of 8 groups" in out
     model = read_hf_config(builtin_presets()["deepseek-v3"])
     assert report["training_flops_per_token"] == count_flops(model, 4096).training_flops_per_token
 
