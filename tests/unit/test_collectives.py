@@ -16,6 +16,8 @@ import itertools
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ndplan.adapters.devices.catalog import builtin_devices
 from ndplan.core.calibration import DeviceEfficiency
@@ -238,6 +240,36 @@ def test_group_limited_reach_counts_every_routing(
     got = expected_holders_reached(experts, top_k, groups, groups_per_token, per_holder)
     brute = _expected_reached_group_limited(experts, top_k, groups, groups_per_token, per_holder)
     assert got == pytest.approx(brute, rel=1e-12)
+
+
+@st.composite
+def aligned_group_routing(draw) -> tuple[int, int, int, int, int]:
+    """(experts, top_k, groups, groups_per_token, held) with each holder inside one group
+    or a union of whole groups, as EP places experts (powers of two)."""
+    experts = 2 ** draw(st.integers(2, 8))
+    groups = 2 ** draw(st.integers(0, min(5, experts.bit_length() - 2)))
+    size = experts // groups
+    per_token = draw(st.integers(1, groups))
+    top_k = draw(st.integers(1, min(16, per_token * size)))
+    held = 2 ** draw(st.integers(0, experts.bit_length() - 2))
+    return experts, top_k, groups, per_token, held
+
+
+@settings(max_examples=300, deadline=None)
+@given(aligned_group_routing())
+def test_group_limits_only_concentrate_a_tokens_reach(case) -> None:
+    """A token reaches at least one holder, at most top_k, all holders, or those of its
+    allowed groups; limiting its groups never spreads it wider, and allowing one more
+    group never narrows it."""
+    experts, top_k, groups, per_token, held = case
+    reach = expected_holders_reached(experts, top_k, groups, per_token, held)
+    size = experts // groups
+    allowed = per_token * size // held if held <= size else per_token
+    assert 1 - 1e-12 <= reach <= min(top_k, experts // held, allowed) + 1e-12
+    assert reach <= expected_holders_reached(experts, top_k, 1, 1, held) + 1e-12
+    if per_token < groups:
+        wider = expected_holders_reached(experts, top_k, groups, per_token + 1, held)
+        assert reach <= wider + 1e-12
 
 
 def test_node_limited_routing_keeps_deepseek_v3_to_four_nodes() -> None:
