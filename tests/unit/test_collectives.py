@@ -158,13 +158,20 @@ def test_all_to_all_one_member_per_domain_is_all_network() -> None:
     assert all_to_all_s(lk, 1e9) == pytest.approx(expected, rel=1e-12)
 
 
-def _expected_reached(experts: int, top_k: int, holders: int) -> float:
-    """Distinct holders a token's experts fall on, averaged over every choice of top_k
-    of the experts (uniform routing), experts spread evenly over the holders."""
-    per_holder = experts // holders
+def _expected_reached(
+    experts: int, top_k: int, per_holder: int, groups: int = 1, groups_per_token: int = 1
+) -> float:
+    """Distinct holders (contiguous blocks of ``per_holder`` experts) a token's experts
+    fall on, averaged over every routing: every choice of ``groups_per_token`` of the
+    contiguous groups, then every choice of top_k of their experts, equally likely (one
+    group: plain uniform top-k)."""
+    size = experts // groups
     hits = [
         len({e // per_holder for e in chosen})
-        for chosen in itertools.combinations(range(experts), top_k)
+        for drawn in itertools.combinations(range(groups), groups_per_token)
+        for chosen in itertools.combinations(
+            [g * size + i for g in drawn for i in range(size)], top_k
+        )
     ]
     return sum(hits) / len(hits)
 
@@ -177,7 +184,7 @@ def test_deduplicated_dispatch_inside_one_domain_sends_once_per_rank_reached(
     (all but the ones it sits on), the expected count over every routing; all-to-all
     sends top_k copies."""
     lk = GroupLink(4, 1.0, 1e-6, members_per_domain=4, intra_bytes_per_s=10e9)
-    ranks = _expected_reached(experts, top_k, 4)
+    ranks = _expected_reached(experts, top_k, experts // 4)
     expected = ranks * 3 / 4 * 1e9 / 10e9 + 1e-6
     assert deduplicated_all_to_all_s(lk, 1e9, experts, top_k) == pytest.approx(expected, rel=1e-12)
     assert deduplicated_all_to_all_s(lk, 1e9, experts, top_k) <= all_to_all_s(lk, top_k * 1e9)
@@ -207,22 +214,6 @@ def test_deduplicated_dispatch_of_one_expert_crosses_the_network_as_all_to_all()
     assert one == pytest.approx(all_to_all_s(lk, 1e9), rel=1e-12)
 
 
-def _expected_reached_group_limited(
-    experts: int, top_k: int, groups: int, groups_per_token: int, per_holder: int
-) -> float:
-    """The same with group-limited routing: every choice of ``groups_per_token`` of the
-    contiguous groups, then every choice of top_k of their experts, equally likely."""
-    size = experts // groups
-    hits = [
-        len({e // per_holder for e in chosen})
-        for drawn in itertools.combinations(range(groups), groups_per_token)
-        for chosen in itertools.combinations(
-            [g * size + i for g in drawn for i in range(size)], top_k
-        )
-    ]
-    return sum(hits) / len(hits)
-
-
 @pytest.mark.parametrize(
     ("experts", "top_k", "groups", "groups_per_token", "per_holder"),
     [
@@ -238,7 +229,7 @@ def test_group_limited_reach_counts_every_routing(
     experts: int, top_k: int, groups: int, groups_per_token: int, per_holder: int
 ) -> None:
     got = expected_holders_reached(experts, top_k, groups, groups_per_token, per_holder)
-    brute = _expected_reached_group_limited(experts, top_k, groups, groups_per_token, per_holder)
+    brute = _expected_reached(experts, top_k, per_holder, groups, groups_per_token)
     assert got == pytest.approx(brute, rel=1e-12)
 
 
