@@ -120,6 +120,17 @@ MoeDispatcherOpt = Annotated[
     ),
 ]
 
+MoeA2AOverlapOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--moe-a2a-overlap/--no-moe-a2a-overlap",
+        help="Whether one micro-batch's MoE dispatch and combine overlap another's compute "
+        "(Megatron --overlap-moe-expert-parallel-comm; applies with EP > 1 on one stage or "
+        "an interleaved pipeline) [default: off].",
+        show_default=False,
+    ),
+]
+
 Fp8ParamsOpt = Annotated[
     bool | None,
     typer.Option(
@@ -240,6 +251,7 @@ class JobInputs:
     wgrad_deferral_limit: int | None = None
     document_tokens: int | None = None
     moe_dispatcher: str | None = None
+    moe_a2a_overlap: bool | None = None
     file: Path | None = None
     settings: dict[str, Any] | None = None
     """Job fields already read (a sweep's, once for every scenario), in place of ``file``."""
@@ -260,6 +272,7 @@ class JobInputs:
             "wgrad_deferral_limit": self.wgrad_deferral_limit,
             "document_tokens": self.document_tokens,
             "moe_dispatcher": self.moe_dispatcher,
+            "moe_a2a_overlap": self.moe_a2a_overlap,
         }
         stated = {k: v for k, v in flags.items() if v is not None}
         if self.settings is not None:
@@ -291,6 +304,7 @@ class JobInputs:
                     "wgrad_deferral_limit": "--wgrad-deferral-limit",
                     "document_tokens": "--document-tokens",
                     "moe_dispatcher": "--moe-dispatcher",
+                    "moe_a2a_overlap": "--moe-a2a-overlap",
                 }.get(field, field)
             raise InvalidInputError(field_error(exc, where)) from None
 

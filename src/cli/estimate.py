@@ -33,6 +33,7 @@ from .common import (
     JobInputs,
     MaxMemOpt,
     ModelOpt,
+    MoeA2AOverlapOpt,
     MoeDispatcherOpt,
     PrecisionOpt,
     ReserveOpt,
@@ -221,6 +222,7 @@ def _layout_command(
     wgrad_deferral_limit: WgradDeferralLimitOpt = None,
     document_tokens: DocumentTokensOpt = None,
     moe_dispatcher: MoeDispatcherOpt = None,
+    moe_a2a_overlap: MoeA2AOverlapOpt = None,
     job_file: JobFileOpt = None,
     memory_mode: Annotated[
         str,
@@ -269,6 +271,7 @@ def _layout_command(
         wgrad_deferral_limit=wgrad_deferral_limit,
         document_tokens=document_tokens,
         moe_dispatcher=moe_dispatcher,
+        moe_a2a_overlap=moe_a2a_overlap,
         file=job_file,
     )
     planner, pctx = build_context(

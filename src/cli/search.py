@@ -45,6 +45,7 @@ from .common import (
     JobInputs,
     MaxMemOpt,
     ModelOpt,
+    MoeA2AOverlapOpt,
     MoeDispatcherOpt,
     PrecisionOpt,
     ReserveOpt,
@@ -559,6 +560,7 @@ def search_cmd(
     wgrad_deferral_limit: WgradDeferralLimitOpt = None,
     document_tokens: DocumentTokensOpt = None,
     moe_dispatcher: MoeDispatcherOpt = None,
+    moe_a2a_overlap: MoeA2AOverlapOpt = None,
     job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = None,
@@ -682,6 +684,7 @@ def search_cmd(
             wgrad_deferral_limit=wgrad_deferral_limit,
             document_tokens=document_tokens,
             moe_dispatcher=moe_dispatcher,
+            moe_a2a_overlap=moe_a2a_overlap,
             file=job_file,
         )
         planner, pctx = build_context(

@@ -592,6 +592,35 @@ class PricingContext:
         limit = self.settings.wgrad_deferral_limit
         return m if limit == 0 else min(m, limit)
 
+    def unpaired_a2a_share(self, layout: Layout) -> float | None:
+        """Under the combined 1F1B schedule (``moe_a2a_overlap``), the share of a layer's
+        micro-batch passes that run with no other micro-batch's pass beside them to hide
+        their EP all-to-alls: the first forward and the last backward of a one-stage step,
+        the first stage's warm-up forwards and cool-down backwards of an interleaved one
+        (2·(pp − 1) + (vpp − 1)·pp of its m·vpp chunk passes each way, Narayanan et al.
+        2021). None where the overlap does not run: no EP, the switch off, or a pipeline
+        that does not interleave (Megatron asks for virtual stages then)."""
+        return self.unpaired_share(
+            layout.ep, layout.pp, layout.vpp, layout.schedule, layout.num_microbatches
+        )
+
+    def unpaired_share(self, ep: int, pp: int, vpp: int, schedule: str, m: int) -> float | None:
+        """``unpaired_a2a_share`` from the degrees it depends on (the search's bounds ask
+        with a candidate's raw degrees). The switch is read, and so assumed, only where
+        it could apply."""
+        if ep == 1 or schedule == "dualpipev" or (pp > 1 and schedule != "interleaved"):
+            return None
+        if not self.framework.paired_a2a_overlap or not self.settings.moe_a2a_overlap:
+            return None
+        passes = m * vpp
+        warmup = 1 if pp == 1 else 2 * (pp - 1) + (vpp - 1) * pp
+        return min(passes, warmup) / passes
+
+    def time_key(self, layout: Layout) -> tuple:
+        """``layer_key`` and what else a layer's time depends on: the share of its passes
+        the combined 1F1B schedule leaves unpaired (None without it)."""
+        return (*layer_key(layout), self.unpaired_a2a_share(layout))
+
     def placement(self, layout: Layout) -> tuple[StagePlacement, ...]:
         key = ("placement", *placement_key(layout))
         found = self.cache.get(key)

@@ -85,6 +85,9 @@ class FrameworkTraits:
     """MoE tokens can be dispatched with DeepEP or HybridEP (Megatron's flex token
     dispatcher, torchtitan's deepep/hybridep expert-parallel backend), which send each
     token once per destination rank and once per remote scale-up domain."""
+    paired_a2a_overlap: bool = False
+    """The expert-parallel all-to-alls of one micro-batch can overlap another's compute
+    (Megatron's --overlap-moe-expert-parallel-comm, the combined 1F1B schedule)."""
     deferred_embedding_wgrad: bool = False
     """The last pipeline stage can defer the output layer's weight gradient to the
     pipeline drain (Megatron's --defer-embedding-wgrad-compute)."""
@@ -137,6 +140,12 @@ class FrameworkTraits:
                 f"{self.name} has no DeepEP/HybridEP token dispatcher (Megatron's flex "
                 "dispatcher, torchtitan's deepep backend); use moe_dispatcher alltoall"
             )
+        if field == "moe_a2a_overlap" and value and not self.paired_a2a_overlap:
+            return (
+                f"{self.name} does not overlap the MoE all-to-alls with another "
+                "micro-batch's compute (Megatron's --overlap-moe-expert-parallel-comm); "
+                "drop --moe-a2a-overlap or use --framework megatron"
+            )
         if field == "fp8_param_gather" and value and not self.fp8_primary_weights:
             return (
                 f"{self.name} keeps no fp8 weights as the parameters (Megatron's "
@@ -178,6 +187,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         fp8_primary_weights=True,
         activation_offload=True,
         deduplicated_dispatch=True,
+        paired_a2a_overlap=True,
         deferred_embedding_wgrad=True,
     ),
     "torchtitan": FrameworkTraits(

@@ -73,6 +73,14 @@ class Job(Frozen):
     hybridep backends) sends it once to each rank holding any of its experts, and across
     the network once per remote scale-up domain, forwarding inside the domain. alltoall
     when unstated."""
+    moe_a2a_overlap: bool | None = None
+    """Whether the expert-parallel dispatch and combine of one micro-batch overlap the
+    compute of another (Megatron's ``--overlap-moe-expert-parallel-comm``, the combined
+    1F1B schedule: each layer's forward of one micro-batch runs beside its backward of
+    the one before). It exists where Megatron runs it: EP > 1, one pipeline stage or an
+    interleaved pipeline, and layers not fully recomputed; the warm-up forwards and
+    cool-down backwards have no partner and hide only what they would without it. Off
+    when unstated, as in Megatron."""
     tp_comm_overlap: bool | None = None
     """Whether the TP all-gathers and reduce-scatters overlap the GEMMs around them
     (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers; torchtitan's
@@ -112,6 +120,7 @@ class Job(Frozen):
     @field_validator(
         "cp_kind",
         "moe_dispatcher",
+        "moe_a2a_overlap",
         "tp_comm_overlap",
         "fp8_param_gather",
         "activation_offload",
@@ -148,6 +157,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "dropout": 0.0,
     "moe_capacity_factor": 1.0,
     "moe_dispatcher": "alltoall",
+    "moe_a2a_overlap": False,
     "finetune": "full",
     "fp8_param_gather": True,
     "activation_offload": False,

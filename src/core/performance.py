@@ -26,7 +26,7 @@ from .collectives import (
     reduce_scatter_s,
     send_recv_s,
 )
-from .context import PricingContext, StagePlacement, layer_key
+from .context import PricingContext, StagePlacement
 from .counting import core_attention_flops, model_flops_per_step
 from .frameworks import offloads, per_op_policy_applies
 from .layout import Layout
@@ -103,6 +103,9 @@ class LayerCost:
     """Forward model FLOPs of the layer on one device, one micro-batch."""
     recompute_flops: dict[str, float]
     """Forward FLOPs each switch re-runs (for hardware FLOPs)."""
+    mixer_ops: int = 0
+    """How many of ``ops``, from the first, are the mixer's (attention and its projections);
+    the rest are the FFN's (router, token permutes, experts, shared experts)."""
 
 
 class StageSeconds(dict):
@@ -503,6 +506,7 @@ class NdplanCostModel:
             launch_s=kernels * eff.kernel_launch_us * 1e-6,
             flops=built.flops,
             recompute_flops=built.rec_flops,
+            mixer_ops=len(mixer.ops),
         )
 
     def _mixer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
@@ -699,7 +703,7 @@ class NdplanCostModel:
         self, ctx: PricingContext, layout: Layout, kind: LayerKind, recompute: Recompute
     ) -> dict[str, float]:
         """One layer, one micro-batch, under ``recompute``; values sum to its time."""
-        key = ("layer_s", kind.name, *layer_key(layout), recompute)
+        key = ("layer_s", kind.name, *ctx.time_key(layout), recompute)
         found = ctx.cache.get(key)
         if found is not None:
             return found
@@ -723,6 +727,9 @@ class NdplanCostModel:
         ep_exposed = (1 - ov.ep) * (0.1 if layout.schedule == "dualpipev" else 1.0)
         ep_raw = cost.ep_forward_s + cost.ep_backward_s
         ep = ep_raw * (ep_exposed + slow * (1 - ep_exposed))
+        unpaired = ctx.unpaired_a2a_share(layout)
+        if unpaired is not None and recompute is not None and ep_raw > 0:
+            ep = unpaired * ep + (1 - unpaired) * self._paired_a2a_exposed(cost, slow)
         cp_fwd, cp_bwd = self._cp_exposed(cost, ov, layout.cp)
         cp_hidden = cost.cp_forward_s + cost.cp_backward_s - cp_fwd - cp_bwd
         cp = cp_fwd + cp_bwd + slow * cp_hidden
@@ -751,6 +758,32 @@ class NdplanCostModel:
         }
         ctx.cache[key] = found
         return found
+
+    @staticmethod
+    def _paired_a2a_exposed(cost: LayerCost, slow: float) -> float:
+        """A layer's EP all-to-alls under the combined 1F1B schedule, one micro-batch's
+        forward beside another's backward of the layer: each transfer runs under the
+        other pass's compute phase that Megatron pairs it with — the forward's dispatch
+        under the backward's experts, its combine under the backward's attention, the
+        backward's combine under the forward's attention and its dispatch under the
+        forward's experts — and what outlasts that phase shows. The hidden rest is charged
+        ``interference``, as any hidden traffic."""
+        mixer = cost.ops[: cost.mixer_ops]
+        ffn = cost.ops[cost.mixer_ops :]
+        attention_fwd = sum(op.forward_s for op in mixer)
+        attention_bwd = sum(op.backward_s for op in mixer)
+        experts_fwd = sum(op.forward_s for op in ffn)
+        experts_bwd = sum(op.backward_s for op in ffn)
+        dispatch_fwd = combine_fwd = cost.ep_forward_s / 2
+        dispatch_bwd = combine_bwd = cost.ep_backward_s / 2
+        exposed = (
+            max(0.0, dispatch_fwd - experts_bwd)
+            + max(0.0, combine_fwd - attention_bwd)
+            + max(0.0, combine_bwd - attention_fwd)
+            + max(0.0, dispatch_bwd - experts_fwd)
+        )
+        raw = cost.ep_forward_s + cost.ep_backward_s
+        return exposed + slow * (raw - exposed)
 
     def _offloaded_layer_seconds(
         self, ctx: PricingContext, layout: Layout, kind: LayerKind

@@ -261,14 +261,15 @@ class Pricer:
         among the options of those names); or every layer kept, where that fits without
         the stage's ``REFETCH_PART`` and is at least as fast (then as light).
 
-        Memoised on its true key (spec/search.md): the layer degrees (which fix every
-        front), the stage's (kind, layers, in-flight) groups, and the budget. Layouts that
-        differ only in what moves the budget by nothing — the schedule of a one-stage
+        Memoised on its true key (spec/search.md): the layer degrees and the combined
+        1F1B schedule's unpaired share (which fix every front), the stage's (kind, layers,
+        in-flight) groups, and the budget. Layouts that differ only in what moves the
+        budget by nothing — the schedule of a one-stage
         pipeline, the ZeRO stage or DP degree where they leave the static bytes equal,
         the candidate re-priced for the final plans — share one solve."""
         out = []
         cache = self.ctx.cache
-        degrees = layer_key(layout)
+        degrees = self.ctx.time_key(layout)
         stages = self.ctx.placement(layout)
         refetches = self._refetch_bytes(layout, stages)
         for stage, static, refetch in zip(stages, static_totals, refetches, strict=True):
@@ -486,7 +487,7 @@ class Pricer:
         for every byte (the bound this replaced) assumed the cheap switches (the norms)
         could save what only dearer ones (a whole FFN, full recompute) can, and left the
         search pricing layouts it could have bounded."""
-        key = ("saving_segments", layer_key(layout), stage.groups)
+        key = ("saving_segments", self.ctx.time_key(layout), stage.groups)
         found = self.ctx.cache.get(key)
         if found is None:
             found = self.ctx.cache[key] = tuple(
@@ -506,7 +507,7 @@ class Pricer:
         time added), in rising rate. Every option counts, not only the stage's front: a
         dominated one is never below the hull, and the hull then depends on the layer's
         own count alone."""
-        key = ("saving_hull", kind_index, in_flight, layer_key(layout))
+        key = ("saving_hull", kind_index, in_flight, self.ctx.time_key(layout))
         found = self.ctx.cache.get(key)
         if found is None:
             kind = self.ctx.model.kinds[kind_index]
@@ -535,13 +536,13 @@ class Pricer:
         one role share one assignment (and one cached seconds entry)."""
         return tuple((kind, 0, count, recompute) for kind, count in stage.composition)
 
-    @staticmethod
-    def _stage_seconds_key(layout: Layout) -> tuple:
+    def _stage_seconds_key(self, layout: Layout) -> tuple:
         """What a stage's seconds depend on besides its role and assignment: the degrees
-        that shard a layer, the pipeline shape, and the data-parallel group where it
-        carries per-micro-batch traffic (one tuple per layout, shared by its stages)."""
+        that shard a layer (and the combined 1F1B schedule's unpaired share), the pipeline
+        shape, and the data-parallel group where it carries per-micro-batch traffic (one
+        tuple per layout, shared by its stages)."""
         return (
-            *layer_key(layout),
+            *self.ctx.time_key(layout),
             layout.pp > 1,
             layout.vpp,
             layout.schedule,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import combinations
 
-from .context import PricingContext, layer_key
+from .context import PricingContext
 from .frameworks import OFFLOAD, SWITCHES, offloads
 from .kernels.knapsack import LayerOption, pareto_front
 from .layout import Layout
@@ -82,7 +82,7 @@ def kind_options(
 ) -> tuple[tuple[LayerOption, Recompute], ...]:
     """Every option of ``kind`` at this candidate's degrees: plain, each combination of
     the applicable switches, full recompute, and activation offload where offered."""
-    key = ("options", kind.name, *layer_key(layout))
+    key = ("options", kind.name, *ctx.time_key(layout))
     found = ctx.cache.get(key)
     if found is not None:
         return found
@@ -124,7 +124,7 @@ def kind_front(
 ) -> tuple[LayerOption, ...]:
     """The options no other option beats at the in-flight counts that occur; with
     ``only``, among the options of those names."""
-    key = ("front", kind.name, *layer_key(layout), tuple(sorted(set(in_flights))), only)
+    key = ("front", kind.name, *ctx.time_key(layout), tuple(sorted(set(in_flights))), only)
     found = ctx.cache.get(key)
     if found is None:
         options = [

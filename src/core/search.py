@@ -717,10 +717,10 @@ class SearchPricing:
         # W on the raw degrees it reads (finer than the layer key, so never wrong): a few
         # hundred of them for tens of thousands of candidates, without building the
         # shared cache's key for each.
-        by_degrees: dict[tuple[int, ...], float] = {}
+        by_degrees: dict[tuple, float] = {}
         for c in candidates:
             tp, pp, cp, _dp, ep, etp, vpp, mbs, m, _zero, sp, _offload, _rec, sched, _ = c
-            degrees = (tp, cp, sp, ep, etp, mbs, sched)
+            degrees = (tp, cp, sp, ep, etp, mbs, sched, self._unpaired_share(c))
             w = by_degrees.get(degrees)
             if w is None:
                 w = by_degrees[degrees] = self._layers_seconds(c)
@@ -736,7 +736,7 @@ class SearchPricing:
         """W: one micro-batch through every decoder layer, each at its fastest option
         (memoised on the layer degrees, which every worker is handed)."""
         ctx = self.pricer.ctx
-        key = ("quick", *candidate_layer_key(c))
+        key = ("quick", *candidate_layer_key(c), self._unpaired_share(c))
         w = ctx.cache.get(key)
         if w is None:
             layout = candidate_layout(c, ctx.layer_splits)
@@ -746,6 +746,14 @@ class SearchPricing:
                 w += count * sum(cost.layer_seconds(ctx, layout, kind, frozenset()).values())
             ctx.cache[key] = w
         return w
+
+    def _unpaired_share(self, c: Candidate) -> float | None:
+        """The candidate's ``PricingContext.unpaired_a2a_share``: a layer's time depends on
+        it under the combined 1F1B schedule, so W is memoised with it."""
+        _tp, pp, _cp, _dp, ep, _etp, vpp, _mbs, m, _zero, _sp, _offload, _rec, sched, _ = c
+        if ep == 1:
+            return None
+        return self.pricer.ctx.unpaired_share(ep, pp, vpp, SCHEDULES[sched], m)
 
     def floor_bound(self, c: Candidate, quick: float) -> float:
         """The cost model's own lower bound on the step from the same fastest layers (its

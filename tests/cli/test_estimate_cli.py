@@ -261,6 +261,31 @@ def test_deepep_dispatch_sends_fewer_tokens_across_nodes(
     assert line.startswith(f"ndplan: error: {job}: moe_dispatcher: deepspeed has no DeepEP")
 
 
+def test_the_a2a_overlap_hides_ep_traffic_and_is_refused_where_it_does_not_exist(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """--moe-a2a-overlap (Megatron's combined 1F1B schedule) lowers the EP communication
+    of a one-stage EP layout and moves nothing else; torchtitan has no such schedule, so
+    asking for it there, by flag or --job key, is one line naming where it was asked."""
+    args = ("-m", "qwen3-30b-a3b", "-d", "h100-sxm", "-n", "16", "--gbs", "64", "-s", "4096")
+    args = (*args, "--ep", "16")
+    default = estimate_json(capsys, *args)
+    overlapped = estimate_json(capsys, *args, "--moe-a2a-overlap")
+    assert default == estimate_json(capsys, *args, "--no-moe-a2a-overlap")
+    parts, hidden = default["time"]["parts"], overlapped["time"]["parts"]
+    assert 0 < hidden["ep_comm"] < parts["ep_comm"]
+    for part in ("forward", "backward", "dp_comm"):
+        assert hidden[part] == parts[part]
+    code, out, err = invoke(capsys, *args, "--framework", "torchtitan", "--moe-a2a-overlap")
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    assert one_error_line(err).startswith("ndplan: error: --moe-a2a-overlap: torchtitan does not")
+    job = tmp_path / "job.yaml"
+    job.write_text("moe_a2a_overlap: true\n", encoding="utf-8")
+    code, out, err = invoke(capsys, *args, "--framework", "torchtitan", "--job", str(job))
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    assert one_error_line(err).startswith(f"ndplan: error: {job}: moe_a2a_overlap: torchtitan")
+
+
 def test_fp8_parameters_drop_the_bf16_weights_unless_turned_off(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -211,8 +211,17 @@ CASES = {
         None,
         SearchSpace(recompute=("none", "full"), mbs=(1,), vpp=(1,), **FIXED),
     ),
+    "moe-qwen3-a2a-overlap-tight": (  # the combined 1F1B schedule's EP exposure
+        "qwen3-30b-a3b",
+        16,
+        32,
+        4096,
+        60,
+        SearchSpace(recompute=("auto",), mbs=(1, 2), vpp=(1, 2), **FIXED),
+    ),
 }
 JOBS = {
+    "moe-qwen3-a2a-overlap-tight": {"moe_a2a_overlap": True},
     "dense-activation-offload-tight": {"activation_offload": True},
     "dense-70b-all-schedules": {"defer_embedding_wgrad": True, "wgrad_deferral_limit": 4},
 }

@@ -18,6 +18,7 @@ SWITCHES = {
     "activation_offload": (True, "activation_offload"),
     "defer_embedding_wgrad": (True, "deferred_embedding_wgrad"),
     "fp8_param_gather": (True, "fp8_primary_weights"),
+    "moe_a2a_overlap": (True, "paired_a2a_overlap"),
 }
 
 
