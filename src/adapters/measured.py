@@ -439,6 +439,21 @@ class RunInterpreter:
             defers_head_wgrad: bool | None = family == "llama"
         else:
             defers_head_wgrad = (not nemo_1) if nvidia_perf else None
+        a2a_overlap = (
+            short == "megatron-bridge"
+            and moe
+            and a2a_overlap_recipe(
+                label,
+                device.id,
+                precision,
+                gbs,
+                row.get("release_or_date", ""),
+                pp=pp,
+                vpp=vpp,
+                ep=ep,
+                mbs=mbs,
+            )
+        )
         try:
             job = Job(
                 moe_dispatcher="deepep"
@@ -446,6 +461,7 @@ class RunInterpreter:
                 and moe
                 and deepep_recipe(label, device.id, precision, gbs, ep)
                 else None,
+                moe_a2a_overlap=True if a2a_overlap else None,
                 global_batch_size=gbs,
                 seq_length=seq,
                 precision=precision,
@@ -458,8 +474,11 @@ class RunInterpreter:
                 # cross-entropy kernel): no fp32 copy of the logits is kept.
                 fused_loss=True if framework == "composer" else None,
                 # Megatron-LM in 2022 ran its TP collectives in line: the overlap with
-                # the GEMMs (Transformer Engine's userbuffers) came in 2023.
-                tp_comm_overlap=False if short == "korthikanti-2022" else None,
+                # the GEMMs (Transformer Engine's userbuffers) came in 2023. Megatron-
+                # Bridge's Qwen3-235B H100 config turns it off beside the A2A overlap.
+                tp_comm_overlap=False
+                if short == "korthikanti-2022" or (a2a_overlap and label == "Qwen3_235B_a22B")
+                else None,
                 # NeMo 24.x ran NeMo 1.0 launcher configs, which leave fp8_params at its
                 # default (off); NeMo 2.0's and Megatron-Bridge's fp8 recipes turn it on.
                 fp8_param_gather=False if nemo_1 else None,
@@ -627,6 +646,46 @@ def deepep_recipe(label: str, device_id: str, precision: str, gbs: int, ep: int)
             return ep == 8
         return device_id in ("gb300", "gb200") and precision == "mxfp8"
     return device_id in DEEPEP_RECIPES.get(label, frozenset())
+
+
+def a2a_overlap_recipe(
+    label: str,
+    device_id: str,
+    precision: str,
+    gbs: int,
+    release: str,
+    *,
+    pp: int,
+    vpp: int,
+    ep: int,
+    mbs: int,
+) -> bool:
+    """Whether a Megatron-Bridge MoE row's performance config overlaps the EP all-to-alls
+    with another micro-batch's compute (``moe_a2a_overlap``, Megatron's
+    --overlap-moe-expert-parallel-comm), where a config turns it on and the row can be tied
+    to that config by its release or by a layout no earlier config ran:
+
+    - DeepSeek-V3 on 1,024 H100 in 25.09: that release's deepseek_llm_pretrain.py calls
+      ``set_moe_a2a_overlap_overrides``;
+    - DeepSeek-V3 on B200 at EP 32: the MXFP8 V2 config, the only one at that EP;
+    - DeepSeek-V3 on GB300 in MXFP8 at pp 2 × vpp 8, micro-batch 1: the FP8_MX config
+      that moved from micro-batch 2 to 1 with the overlap (and full-iteration CUDA graphs);
+    - Qwen3-235B-A22B on H100 at GBS 8,192: the V2 config, from V1's
+      ``moe_a2a_overlap=True``;
+    - GPT-OSS 120B in MXFP8 at GBS 1,280 on GB300, GB200 and B300: the FP8_MX V2 configs.
+
+    The newest GB200 and B300 MXFP8 DeepSeek-V3 and GB200 BF16 GPT-OSS configs turn it on
+    too, with layouts their older releases share, so which rows ran it is not known; they
+    are left off, as is every model whose configs keep it off."""
+    if label == "DeepSeekV3":
+        return (
+            (device_id == "h100-sxm" and "25.09" in release)
+            or (device_id == "b200" and ep == 32)
+            or (device_id == "gb300" and precision == "mxfp8" and (pp, vpp, mbs) == (2, 8, 1))
+        )
+    if label == "GPT OSS 120B":
+        return gbs == 1280 and precision == "mxfp8" and device_id in ("gb300", "gb200", "b300")
+    return label == "Qwen3_235B_a22B" and device_id == "h100-sxm" and gbs == 8192
 
 
 def packs_squad(row: dict[str, str], source: str) -> bool:

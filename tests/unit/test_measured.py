@@ -714,3 +714,37 @@ def test_megatron_bridge_moe_rows_dispatch_as_their_performance_configs(
         assert case(interpreter, row_id).job.moe_dispatcher == "deepep", what
     for row_id, what in alltoall.items():
         assert case(interpreter, row_id).job.moe_dispatcher is None, what
+
+
+def test_the_a2a_overlap_is_set_where_the_config_ties_it_to_the_row(interpreter) -> None:
+    """Megatron-Bridge's configs overlap the EP all-to-alls with another micro-batch's
+    compute where a row can be tied to such a config (``a2a_overlap_recipe``); the
+    Qwen3-235B H100 config turns the TP overlap off beside it. Every other row leaves the
+    switch unstated (off): configs that keep it off, and newer configs that turn it on with
+    a layout older releases ran too."""
+    overlapped = {
+        290: "DeepSeek-V3, 1,024 H100, 25.09",
+        291: "DeepSeek-V3, 1,024 H100, 25.09, fp8 blockwise",
+        91: "DeepSeek-V3, 256 B200, ep32",
+        1: "DeepSeek-V3, 256 GB300, MXFP8, pp 2 x vpp 8, mbs 1",
+        106: "Qwen3-235B-A22B, 256 H100, GBS 8,192",
+        5: "GPT-OSS 120B, 64 GB300, MXFP8, GBS 1,280",
+    }
+    not_overlapped = {
+        265: "Qwen3-235B-A22B, 256 H100, GBS 2,048 (25.11: config not known)",
+        137: "DeepSeek-V3, 256 B200, ep8",
+        88: "DeepSeek-V3, 256 GB300, MXFP8, mbs 2 (the config before)",
+        239: "DeepSeek-V3, 256 GB300, FP8-MX, 25.11, pp 2 x vpp 4",
+        89: "DeepSeek-V3, 256 GB200 (a layout every release ran)",
+        92: "GPT-OSS 120B, 64 GB300, BF16",
+        50: "Qwen3-30B-A3B, 16 H100 (its config sets moe_a2a_overlap=False)",
+        53: "Kimi K2, 256 GB300, mbs 2 (its config keeps it off)",
+        74: "Llama 3 70B: dense",
+    }
+    for row_id, what in overlapped.items():
+        job = case(interpreter, row_id).job
+        assert job.moe_a2a_overlap is True, what
+        assert job.tp_comm_overlap is (False if row_id == 106 else None), what
+    for row_id, what in not_overlapped.items():
+        job = case(interpreter, row_id).job
+        assert job.moe_a2a_overlap is None and job.tp_comm_overlap is None, what
