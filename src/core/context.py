@@ -600,8 +600,9 @@ class PricingContext:
         their EP all-to-alls: the first forward and the last backward of a one-stage step,
         the first stage's warm-up forwards and cool-down backwards of an interleaved one
         (2·(pp − 1) + (vpp − 1)·pp of its m·vpp chunk passes each way, Narayanan et al.
-        2021). None where the overlap does not run: no EP, the switch off, or a pipeline
-        that does not interleave (Megatron asks for virtual stages then)."""
+        2021). None where the overlap does not run: no EP, the switch off, DualPipeV (which
+        pairs its own micro-batches), or a pipeline that does not interleave (Megatron asks
+        for virtual stages then)."""
         return self.unpaired_share(
             layout.ep, layout.pp, layout.vpp, layout.schedule, layout.num_microbatches
         )
