@@ -1192,6 +1192,16 @@ FLOOR_CASES = {
     "dense-lora": ("llama-3-8b", 8, 32, 4096, 30, {"finetune": "lora"}, None),
     "moe-ep": ("qwen3-30b-a3b", 8, 32, 4096, None, {}, None),
     "mla-dualpipev": ("deepseek-v2-lite", 8, 64, 4096, None, {}, ("dualpipev",)),
+    # The combined 1F1B schedule: a layer's time depends on the candidate's unpaired share.
+    "moe-a2a-overlap": (
+        "qwen3-30b-a3b",
+        16,
+        64,
+        4096,
+        None,
+        {"moe_a2a_overlap": True},
+        ("1f1b", "interleaved"),
+    ),
 }
 
 
