@@ -535,7 +535,7 @@ class PricingContext:
         if not self.memoize:
             self.cache = _NoCache()
         self.settings = JobSettings(self.job, self.recorder)
-        self.pairs_a2a: bool | None = None
+        self._pairs_a2a: bool | None = None
         """Whether the combined 1F1B schedule runs (``unpaired_share``); None until read."""
         self.layer_splits = LayerSplits(
             self.model, self.settings.attention_span, self.deferred_wgrads
@@ -613,11 +613,11 @@ class PricingContext:
         it could apply."""
         if ep == 1 or schedule == "dualpipev" or (pp > 1 and schedule != "interleaved"):
             return None
-        if self.pairs_a2a is None:  # read once: every layer-time lookup asks
-            self.pairs_a2a = bool(
+        if self._pairs_a2a is None:  # read once: every layer-time lookup asks
+            self._pairs_a2a = bool(
                 self.framework.paired_a2a_overlap and self.settings.moe_a2a_overlap
             )
-        if not self.pairs_a2a:
+        if not self._pairs_a2a:
             return None
         passes = m * vpp
         warmup = 1 if pp == 1 else 2 * (pp - 1) + (vpp - 1) * pp
@@ -626,7 +626,7 @@ class PricingContext:
     def time_key(self, layout: Layout) -> tuple:
         """``layer_key`` and what else a layer's time depends on: the share of its passes
         the combined 1F1B schedule leaves unpaired, where it runs."""
-        share = self.unpaired_a2a_share(layout) if layout.ep > 1 else None
+        share = self.unpaired_a2a_share(layout)
         return layer_key(layout) if share is None else (*layer_key(layout), share)
 
     def placement(self, layout: Layout) -> tuple[StagePlacement, ...]:

@@ -718,13 +718,9 @@ class SearchPricing:
         # hundred of them for tens of thousands of candidates, without building the
         # shared cache's key for each.
         by_degrees: dict[tuple, float] = {}
-        ctx = self.pricer.ctx
         for c in candidates:
             tp, pp, cp, _dp, ep, etp, vpp, mbs, m, _zero, sp, _offload, _rec, sched, _ = c
-            share = None
-            if ep > 1 and ctx.pairs_a2a is not False:
-                share = ctx.unpaired_share(ep, pp, vpp, SCHEDULES[sched], m)
-            degrees = (tp, cp, sp, ep, etp, mbs, sched, share)
+            degrees = (tp, cp, sp, ep, etp, mbs, sched, self._unpaired_share(c))
             w = by_degrees.get(degrees)
             if w is None:
                 w = by_degrees[degrees] = self._layers_seconds(c)

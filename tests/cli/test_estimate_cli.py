@@ -50,12 +50,24 @@ def estimate_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     return json.loads(out)  # exactly one JSON document on stdout
 
 
+QWEN3_EP16 = ("-m", "qwen3-30b-a3b", "-d", "h100-sxm", "-n", "16", "--gbs", "64", "-s", "4096")
+QWEN3_EP16 += ("--ep", "16")
+"""Qwen3-30B-A3B at EP 16 over two H100 nodes: expert traffic crosses the network."""
+
+
 def one_error_line(err: str) -> str:
     lines = err.splitlines()
     assert len(lines) == 1, f"expected one line on stderr, got:\n{err}"
     assert lines[0].startswith("ndplan: error: ")
     assert "Traceback" not in err
     return lines[0]
+
+
+def refusal(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """The one error line of an invalid-input refusal (exit 3, nothing on stdout)."""
+    code, out, err = invoke(capsys, *argv)
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    return one_error_line(err)
 
 
 # ----------------------------------------------------------------------------- megatron mode
@@ -240,8 +252,7 @@ def test_deepep_dispatch_sends_fewer_tokens_across_nodes(
     token and node where the all-to-all sends a copy per remote expert (about 4 of its 8),
     so the EP communication shrinks ~4× and nothing else moves; an unknown dispatcher, or
     DeepEP in a framework without it, is refused naming the flag, as is the --job key."""
-    args = ("-m", "qwen3-30b-a3b", "-d", "h100-sxm", "-n", "16", "--gbs", "64", "-s", "4096")
-    args = (*args, "--ep", "16")
+    args = QWEN3_EP16
     default = estimate_json(capsys, *args)
     deepep = estimate_json(capsys, *args, "--moe-dispatcher", "deepep")
     assert default == estimate_json(capsys, *args, "--moe-dispatcher", "alltoall")
@@ -250,14 +261,11 @@ def test_deepep_dispatch_sends_fewer_tokens_across_nodes(
     for part in ("forward", "backward", "dp_comm"):
         assert deepep["time"]["parts"][part] == default["time"]["parts"][part]
     assert deepep["memory"] == default["memory"]
-    code, out, err = invoke(capsys, *args, "--moe-dispatcher", "flex")
-    assert code == ExitCode.INVALID_INPUT and out == ""
-    assert one_error_line(err).startswith("ndplan: error: --moe-dispatcher: ")
+    line = refusal(capsys, *args, "--moe-dispatcher", "flex")
+    assert line.startswith("ndplan: error: --moe-dispatcher: ")
     job = tmp_path / "job.yaml"
     job.write_text("moe_dispatcher: deepep\n", encoding="utf-8")
-    code, out, err = invoke(capsys, *args, "--framework", "deepspeed", "--job", str(job))
-    assert code == ExitCode.INVALID_INPUT and out == ""
-    line = one_error_line(err)
+    line = refusal(capsys, *args, "--framework", "deepspeed", "--job", str(job))
     assert line.startswith(f"ndplan: error: {job}: moe_dispatcher: deepspeed has no DeepEP")
 
 
@@ -267,8 +275,7 @@ def test_the_a2a_overlap_hides_ep_traffic_and_is_refused_where_it_does_not_exist
     """--moe-a2a-overlap (Megatron's combined 1F1B schedule) lowers the EP communication
     of a one-stage EP layout and moves nothing else; torchtitan has no such schedule, so
     asking for it there, by flag or --job key, is one line naming where it was asked."""
-    args = ("-m", "qwen3-30b-a3b", "-d", "h100-sxm", "-n", "16", "--gbs", "64", "-s", "4096")
-    args = (*args, "--ep", "16")
+    args = QWEN3_EP16
     default = estimate_json(capsys, *args)
     overlapped = estimate_json(capsys, *args, "--moe-a2a-overlap")
     assert default == estimate_json(capsys, *args, "--no-moe-a2a-overlap")
@@ -276,14 +283,12 @@ def test_the_a2a_overlap_hides_ep_traffic_and_is_refused_where_it_does_not_exist
     assert 0 < hidden["ep_comm"] < parts["ep_comm"]
     for part in ("forward", "backward", "dp_comm"):
         assert hidden[part] == parts[part]
-    code, out, err = invoke(capsys, *args, "--framework", "torchtitan", "--moe-a2a-overlap")
-    assert code == ExitCode.INVALID_INPUT and out == ""
-    assert one_error_line(err).startswith("ndplan: error: --moe-a2a-overlap: torchtitan does not")
+    line = refusal(capsys, *args, "--framework", "torchtitan", "--moe-a2a-overlap")
+    assert line.startswith("ndplan: error: --moe-a2a-overlap: torchtitan does not")
     job = tmp_path / "job.yaml"
     job.write_text("moe_a2a_overlap: true\n", encoding="utf-8")
-    code, out, err = invoke(capsys, *args, "--framework", "torchtitan", "--job", str(job))
-    assert code == ExitCode.INVALID_INPUT and out == ""
-    assert one_error_line(err).startswith(f"ndplan: error: {job}: moe_a2a_overlap: torchtitan")
+    line = refusal(capsys, *args, "--framework", "torchtitan", "--job", str(job))
+    assert line.startswith(f"ndplan: error: {job}: moe_a2a_overlap: torchtitan")
 
 
 def test_fp8_parameters_drop_the_bf16_weights_unless_turned_off(
