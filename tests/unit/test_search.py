@@ -114,13 +114,14 @@ def make_ctx(
     *,
     max_mem: float | None = None,
     memo: bool = True,
+    **job,
 ) -> tuple[PricingContext, PricingOptions]:
     opts = PricingOptions(max_mem_gib=max_mem, memoize=memo)
     ctx = planner.context(
         planner.model(model),
         planner.device("h100"),
         n,
-        Job(global_batch_size=gbs, seq_length=seq),
+        Job(global_batch_size=gbs, seq_length=seq, **job),
         options=opts,
     )
     return ctx, opts
@@ -548,6 +549,35 @@ def test_quick_bounds_of_a_batch_are_each_candidates_own(planner) -> None:
     fresh, _ = make_ctx(planner, "llama-3-8b", 16, 64, 4096)
     one = SearchPricing(planner.pricer(fresh, opts))
     assert batch == [one.quick_bound(c) for c in candidates]
+
+
+@pytest.mark.parametrize(
+    ("model", "job"),
+    [("llama-3-8b", {}), ("qwen3-30b-a3b", {"moe_a2a_overlap": True})],
+    ids=["dense", "moe-a2a-overlap"],
+)
+def test_quick_bounds_equal_the_unmemoised_ones(planner, model: str, job: dict) -> None:
+    """W is memoised twice (on the degrees within a batch, and in the shared cache); each
+    candidate's bound must be the one computed with no memo at all. A key that leaves
+    out an input W reads hands one candidate another's W: under the combined 1F1B
+    schedule a layer's time moves with the unpaired share, which pp, vpp and m set, so
+    dropping it from the keys fails here (bounding tests alone may not notice, as long
+    as the wrong bound stays below the K-th step)."""
+    ctx, opts = make_ctx(planner, model, 16, 64, 4096, **job)
+    candidates = core_search.enumerate_candidates(ctx, SearchSpace(), ()).candidates
+    assert len(candidates) > 100
+    batch = SearchPricing(planner.pricer(ctx, opts)).quick_bounds(candidates)
+    cold, cold_opts = make_ctx(planner, model, 16, 64, 4096, memo=False, **job)
+    unmemoised = SearchPricing(planner.pricer(cold, cold_opts))
+    sample = range(0, len(candidates), max(1, len(candidates) // 400))
+    assert [batch[i] for i in sample] == [unmemoised.quick_bound(candidates[i]) for i in sample]
+    if job:  # the case exercises the share: several per layer degrees, so keys must hold it
+        shares: dict[tuple, set] = {}
+        for c in candidates:
+            d = dict(zip(FIELDS, c, strict=True))
+            degrees = (d["tp"], d["cp"], d["ep"], d["etp"], d["mbs"], d["schedule"])
+            shares.setdefault(degrees, set()).add(unmemoised._unpaired_share(c))
+        assert max(len(s) for s in shares.values()) > 2
 
 
 def test_a_quick_bound_failure_names_its_candidate(planner) -> None:
