@@ -10,7 +10,10 @@ time is from the predicted best. Writes ``docs/search-quality.md``.
 from __future__ import annotations
 
 import re
+import statistics
 import time
+from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 from ndplan.adapters.measured import RunInterpreter, read_rows
@@ -24,31 +27,67 @@ REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "shared" / "measured_runs.csv"
 OUT = REPO / "docs" / "search-quality.md"
 SOURCES = ("nemo", "megatron-bridge", "megatron-lm", "korthikanti-2022")
+TOP = 10
+"""The headline's top: a published layout counts where it ranks among these."""
 GRID_TOP = 20
 """Grids ranked (each by its fastest layout): a wider search prices far more layouts."""
 
 
+def published_runs(planner: Planner, moe: bool):
+    """Every measured production run of the sources, dense or (``moe``) mixture-of-experts."""
+    found, _ = RunInterpreter(planner.components.presets, planner.components.devices).interpret_all(
+        read_rows(RUNS)
+    )
+    for c in found:
+        if c.source in SOURCES and not c.check and c.moe == moe and c.job.finetune == "full":
+            yield c
+
+
+def problem_key(c) -> tuple:
+    """What a search is given: model, hardware, device count, batch, sequence, precision."""
+    return (
+        c.model_label,
+        c.hardware,
+        c.num_devices,
+        c.job.global_batch_size,
+        c.job.seq_length,
+        c.job.precision,
+    )
+
+
 def cases(planner: Planner, moe: bool = False):
     """One published layout per problem, dense or (``moe``) mixture-of-experts."""
-    rows = read_rows(RUNS)
-    found, _ = RunInterpreter(planner.components.presets, planner.components.devices).interpret_all(
-        rows
-    )
     seen = set()
-    for c in found:
-        if c.source not in SOURCES or c.check or c.moe != moe or c.job.finetune != "full":
-            continue
-        key = (
-            c.model_label,
-            c.hardware,
-            c.num_devices,
-            c.job.global_batch_size,
-            c.job.seq_length,
-            c.job.precision,
-        )
+    for c in published_runs(planner, moe):
+        key = problem_key(c)
         if key not in seen:
             seen.add(key)
             yield c
+
+
+def release_spreads(runs: Iterable[tuple[tuple, str, float]]) -> dict[tuple, tuple[float, int]]:
+    """For each ``(key, release, measured step)`` key measured in two or more releases:
+    slowest over fastest measured step − 1, and how many releases. With the key a
+    problem and its layout, this is how far one layout's measured speed moves with the
+    software alone, the resolution the published runs themselves have."""
+    steps: dict[tuple, list[float]] = defaultdict(list)
+    releases: dict[tuple, set[str]] = defaultdict(set)
+    for key, release, step_s in runs:
+        steps[key].append(step_s)
+        releases[key].add(release)
+    return {
+        key: (max(found) / min(found) - 1, len(releases[key]))
+        for key, found in steps.items()
+        if len(releases[key]) >= 2
+    }
+
+
+def layout_spreads(planner: Planner, moe: bool) -> dict[tuple, tuple[float, int]]:
+    """``release_spreads`` of the published runs, keyed by problem and layout."""
+    return release_spreads(
+        ((*problem_key(c), c.layout.label), c.release, c.measured_step_s)
+        for c in published_runs(planner, moe)
+    )
 
 
 def evaluate(planner: Planner, case, calibration) -> dict:
@@ -83,11 +122,11 @@ def evaluate(planner: Planner, case, calibration) -> dict:
     # and its gap to the best (search --baseline).
     outside = ""
     try:
-        placed = planner.search(ctx, space, top_k=1, baseline=want).result
+        placed = planner.search(ctx, space, top_k=TOP, baseline=want).result
     except BaselineError as exc:  # not a layout ndplan's search offers: say why
         refused = re.search(r"refused \((\w+)", exc.detail)
         outside = f"refused: {refused.group(1)}" if refused else "not in the search space"
-        placed = planner.search(ctx, space, top_k=1).result
+        placed = planner.search(ctx, space, top_k=TOP).result
         own = rank = gap = None
     else:
         own, rank, gap = placed.baseline.plan, placed.baseline.rank, placed.baseline.gap
@@ -95,6 +134,8 @@ def evaluate(planner: Planner, case, calibration) -> dict:
             over = re.search(r"over by ([\d.]+ GiB on stage \d+)", placed.baseline.miss or "")
             outside = f"over memory by {over.group(1)}" if over else "over memory"
     best = placed.plans[0]
+    # How far apart the 10 best are: the precision a top-10 rank asks of the step-time model.
+    span = placed.plans[-1].time.step_s / best.time.step_s - 1 if len(placed.plans) == TOP else None
     # The published device grid among the best layout of each grid (search --distinct).
     grids = planner.search(ctx, space, top_k=GRID_TOP, distinct=True).result.plans
     grid_rank = next(
@@ -119,6 +160,7 @@ def evaluate(planner: Planner, case, calibration) -> dict:
         "rank": rank,
         "grid_rank": grid_rank,
         "gap": gap,
+        "span": span,
         "error": error,
         "where": where_the_gap_is(own, best) if own is not None and gap and gap > 0 else "",
         "outside": outside,
@@ -146,8 +188,14 @@ def main() -> list[dict]:
     planner = Planner()
     calibration = planner.calibration(None)
     start = time.perf_counter()
-    results = [evaluate(planner, c, calibration) for c in cases(planner)]
-    moe = [evaluate(planner, c, calibration) for c in cases(planner, moe=True)]
+    spreads = {moe: layout_spreads(planner, moe) for moe in (False, True)}
+
+    def evaluated(c) -> dict:
+        found = spreads[c.moe].get((*problem_key(c), c.layout.label))
+        return {**evaluate(planner, c, calibration), "release_spread": found}
+
+    results = [evaluated(c) for c in cases(planner)]
+    moe = [evaluated(c) for c in cases(planner, moe=True)]
     for kind, found in (("dense", results), ("MoE", moe)):
         top10, close, both, grids = headline_counts(found)
         print(
@@ -156,7 +204,7 @@ def main() -> list[dict]:
             f"and within 10%: {grids}"
         )
     print(f"search quality: {time.perf_counter() - start:.0f} s")
-    OUT.write_text(markdown(results, moe), encoding="utf-8")
+    OUT.write_text(markdown(results, moe, spreads[False], spreads[True]), encoding="utf-8")
     return results + moe
 
 
@@ -168,7 +216,7 @@ def headline_counts(results: list[dict]) -> tuple[int, int, int, int]:
         return r["gap"] is not None and r["gap"] <= 0.10
 
     def among_10(rank: int | None) -> bool:
-        return rank is not None and rank <= 10
+        return rank is not None and rank <= TOP
 
     return (
         sum(among_10(r["rank"]) for r in results),
@@ -178,7 +226,12 @@ def headline_counts(results: list[dict]) -> tuple[int, int, int, int]:
     )
 
 
-def markdown(results: list[dict], moe: list[dict]) -> str:
+def markdown(
+    results: list[dict],
+    moe: list[dict],
+    dense_spreads: dict[tuple, tuple[float, int]],
+    moe_spreads: dict[tuple, tuple[float, int]],
+) -> str:
     lines = [
         "# Search quality",
         "",
@@ -201,9 +254,14 @@ def markdown(results: list[dict], moe: list[dict]) -> str:
         "evenly or as their recipe states. *error* is how ndplan prices the published layout as it was run (predicted / measured "
         "step time − 1, as in accuracy.md); *where* is the step-time part that differs most between the "
         "published layout and ndplan's best (compute = forward + backward + recompute); *outside* says why a "
-        "published layout has no rank.",
+        "published layout has no rank. *top-10 span* is how much slower ndplan's 10th best layout is "
+        "predicted than its best; *releases* how much the published layout's measured step time moved "
+        "between the software releases it was measured in (slowest over fastest − 1; their number in "
+        "brackets), as far as the measured runs hold it more than once.",
         "",
         _headline(results),
+        "",
+        _resolution(results, dense_spreads),
         "",
         *_case_table(results),
         "",
@@ -226,6 +284,8 @@ def markdown(results: list[dict], moe: list[dict]) -> str:
         "",
         _headline(moe),
         "",
+        _resolution(moe, moe_spreads),
+        "",
         *_case_table(moe),
     ]
     return "\n".join(lines) + "\n"
@@ -240,20 +300,41 @@ def _headline(results: list[dict]) -> str:
     )
 
 
+def _resolution(results: list[dict], spreads: dict[tuple, tuple[float, int]]) -> str:
+    """The predicted top 10's span beside how far one layout's measured speed moves
+    between releases: a top-10 rank asks the model to order layouts that finely."""
+    spans = [r["span"] for r in results if r["span"] is not None]
+    moved = [spread for spread, _ in spreads.values()]
+    if not spans or not moved:
+        return ""
+    return (
+        f"ndplan's 10 best layouts span a median {100 * statistics.median(spans):.1f}% of step time "
+        f"(at most {100 * max(spans):.1f}%). The {len(moved)} published layouts measured in two or more "
+        f"software releases (same inputs, same layout) moved by a median {100 * statistics.median(moved):.1f}% "
+        f"between releases (at most {100 * max(moved):.1f}%)."
+    )
+
+
+def _percent(value: float | None) -> str:
+    return f"{100 * value:+.1f}%" if value is not None else "—"
+
+
 def _case_table(results: list[dict]) -> list[str]:
     lines = [
         "| row | source | model | hardware | N | gbs | seq | prec | published | rank | grid rank | gap | "
-        "error | where | ndplan's best | outside |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "top-10 span | error | releases | where | ndplan's best | outside |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rank = str(r["rank"]) if r["rank"] is not None else "—"
         shapes = str(r["grid_rank"]) if r["grid_rank"] is not None else "—"
-        gap = f"{100 * r['gap']:+.1f}%" if r["gap"] is not None else "—"
-        error = f"{100 * r['error']:+.1f}%" if r["error"] is not None else "—"
+        moved = r["release_spread"]
+        releases = f"{100 * moved[0]:.1f}% ({moved[1]})" if moved is not None else "—"
+        span = f"{100 * r['span']:.1f}%" if r["span"] is not None else "—"
         lines.append(
             f"| {r['row']} | {r['source']} | {r['model']} | {r['hardware']} | {r['devices']} | {r['gbs']} | "
-            f"{r['seq']} | {r['precision']} | {r['published']} | {rank} | {shapes} | {gap} | {error} | {r['where']} | "
+            f"{r['seq']} | {r['precision']} | {r['published']} | {rank} | {shapes} | {_percent(r['gap'])} | "
+            f"{span} | {_percent(r['error'])} | {releases} | {r['where']} | "
             f"{r['best']} | {r['outside']} |"
         )
     return lines
