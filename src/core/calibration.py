@@ -76,8 +76,7 @@ class DeviceEfficiency(Frozen):
 
     def gemm_fraction(self, recipe: str, routed: bool = False) -> float:
         """The fraction of its peak a large GEMM of ``recipe`` (a job precision) reaches
-        (``routed``: the grouped GEMMs of a rank's several routed experts; a rank with
-        one expert runs it as a plain GEMM, at the dense fraction)."""
+        (``routed``: the routed experts' grouped GEMMs)."""
         if recipe in ("bf16", "fp16"):
             if routed and self.grouped_gemm_bf16 is not None:
                 return self.grouped_gemm_bf16

@@ -205,11 +205,7 @@ class _LayerOps:
         """One GEMM op; ``recomputed_share`` (share, switch): that share of it (a fused
         projection's part) is recomputed under one more switch."""
         model, ctx = self.model, self.ctx
-        # One local expert runs one plain GEMM (a group of one): the dense knee and rate.
-        grouped = count > 1
-        fwd = model._gemm_s(
-            ctx, m, k, nn, count, low_precision, grouped=grouped, routed=routed and grouped
-        )
+        fwd = model._gemm_s(ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed)
         if (low_precision is None and self.lp) or low_precision:
             # A column-parallel input that arrives through the SP all-gather is quantised
             # on the rank's own shard before the gather (Transformer Engine), so the cast

@@ -1383,47 +1383,6 @@ def test_each_routed_expert_layer_pays_its_fixed_overhead() -> None:
     )
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp8"])
-def test_one_local_expert_runs_a_plain_gemm(precision: str) -> None:
-    """With as many EP ranks as experts each rank holds one expert, whose tokens go
-    through one plain GEMM (a group of one): the dense rate and knee, not the routed
-    experts' grouped ones, which are fitted to ranks holding several experts. So the
-    routed experts' figures move its price not at all, and that of two local experts.
-    (NeMo's Mixtral 8x7B at EP 8, rows 335 and 343 of the measured runs, was priced
-    +20 % and +34 % before.)"""
-    dense = {"gemm": 0.8, "gemm_low_precision": 0.6, "gemm_half_gflop": 1.0}
-    like_dense = DeviceEfficiency(
-        **dense,
-        grouped_gemm_bf16=0.8,
-        grouped_gemm_low_precision_ratio=1.0,
-        grouped_gemm_half_gflop=1.0,
-    )
-    routed = DeviceEfficiency(
-        **dense,
-        grouped_gemm_bf16=0.4,
-        grouped_gemm_low_precision_ratio=0.5,
-        grouped_gemm_half_gflop=30.0,
-    )
-
-    def expert_fc1(eff: DeviceEfficiency, ep: int) -> float:
-        layout = Layout(dp=ep, ep=ep, num_microbatches=2)
-        ctx = make_ctx(layout, moe_model(), precision=precision)
-        cost = NdplanCostModel(Calibration(default=eff)).layer_cost(ctx, layout, MOE)
-        return next(op.forward_s for op in cost.ops if op.name == "expert_fc1")
-
-    one, two = 16, 8  # EP degrees: the model's 16 experts one, or two, a rank
-    assert expert_fc1(routed, one) == expert_fc1(like_dense, one)
-    assert expert_fc1(routed, two) > expert_fc1(like_dense, two)
-    if precision == "bf16":  # no input cast: exactly the dense GEMM of the expert's tokens
-        layout = Layout(dp=one, ep=one, num_microbatches=2)
-        ctx = make_ctx(layout, moe_model())
-        tokens = 4096 * MOE.ffn.top_k
-        plain = NdplanCostModel(Calibration(default=routed))._gemm_s(
-            ctx, tokens, moe_model().hidden_size, 2 * MOE.ffn.expert_intermediate_size
-        )
-        assert expert_fc1(routed, one) == pytest.approx(plain, rel=1e-12)
-
-
 # ----------------------------------------------------------------------------- monotone step
 # Cases that broke "no stage getting slower (or device getting slower) makes the step
 # faster" under the earlier composition; they hold now.
