@@ -33,14 +33,12 @@ GRID_TOP = 20
 """Grids ranked (each by its fastest layout): a wider search prices far more layouts."""
 
 
-def published_runs(planner: Planner, moe: bool):
-    """Every measured production run of the sources, dense or (``moe``) mixture-of-experts."""
+def published_runs(planner: Planner) -> list:
+    """Every measured production run of the sources (read and interpreted once a run)."""
     found, _ = RunInterpreter(planner.components.presets, planner.components.devices).interpret_all(
         read_rows(RUNS)
     )
-    for c in found:
-        if c.source in SOURCES and not c.check and c.moe == moe and c.job.finetune == "full":
-            yield c
+    return [c for c in found if c.source in SOURCES and not c.check and c.job.finetune == "full"]
 
 
 def problem_key(c) -> tuple:
@@ -55,12 +53,12 @@ def problem_key(c) -> tuple:
     )
 
 
-def cases(planner: Planner, moe: bool = False):
+def cases(runs: Iterable, moe: bool = False):
     """One published layout per problem, dense or (``moe``) mixture-of-experts."""
     seen = set()
-    for c in published_runs(planner, moe):
+    for c in runs:
         key = problem_key(c)
-        if key not in seen:
+        if c.moe == moe and key not in seen:
             seen.add(key)
             yield c
 
@@ -82,11 +80,12 @@ def release_spreads(runs: Iterable[tuple[tuple, str, float]]) -> dict[tuple, tup
     }
 
 
-def layout_spreads(planner: Planner, moe: bool) -> dict[tuple, tuple[float, int]]:
+def layout_spreads(runs: Iterable, moe: bool) -> dict[tuple, tuple[float, int]]:
     """``release_spreads`` of the published runs, keyed by problem and layout."""
     return release_spreads(
         ((*problem_key(c), c.layout.label), c.release, c.measured_step_s)
-        for c in published_runs(planner, moe)
+        for c in runs
+        if c.moe == moe
     )
 
 
@@ -188,14 +187,15 @@ def main() -> list[dict]:
     planner = Planner()
     calibration = planner.calibration(None)
     start = time.perf_counter()
-    spreads = {moe: layout_spreads(planner, moe) for moe in (False, True)}
+    runs = published_runs(planner)
+    spreads = {moe: layout_spreads(runs, moe) for moe in (False, True)}
 
     def evaluated(c) -> dict:
         found = spreads[c.moe].get((*problem_key(c), c.layout.label))
         return {**evaluate(planner, c, calibration), "release_spread": found}
 
-    results = [evaluated(c) for c in cases(planner)]
-    moe = [evaluated(c) for c in cases(planner, moe=True)]
+    results = [evaluated(c) for c in cases(runs)]
+    moe = [evaluated(c) for c in cases(runs, moe=True)]
     for kind, found in (("dense", results), ("MoE", moe)):
         top10, close, both, grids = headline_counts(found)
         print(
