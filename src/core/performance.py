@@ -628,6 +628,8 @@ class NdplanCostModel:
         )
         built.flops += att_flops
         built.rec_flops["core_attn"] = built.rec_flops.get("core_attn", 0.0) + att_flops
+        if ring_cp and kv_bytes_per_token > 0:
+            self._ring_merges(elementwise, layout.cp, n, att, heads_local, kv_bytes_per_token)
 
         # TP: SP gathers/scatters (or all-reduces) of the hidden state, twice per layer
         # each way (attention and FFN blocks). In low precision the gathered linear inputs
@@ -690,6 +692,29 @@ class NdplanCostModel:
         fwd = steps * max(0.0, cost.cp_forward_s / steps - ov.cp * block)
         bwd = steps * max(0.0, cost.cp_backward_s / steps - ov.cp * FLASH_BACKWARD_FACTOR * block)
         return fwd, bwd
+
+    @staticmethod
+    def _ring_merges(
+        elementwise, cp: int, n: float, att, heads_local: float, kv_bytes_per_token: float
+    ) -> None:
+        """Ring CP's merges, outside the attention kernel: each of the cp blocks' partial
+        outputs is rescaled and added into the running output (Transformer Engine's
+        ``flash_attn_fwd_out_correction``: read the block's output, read and write the
+        sum), and the backward adds each block's dq and dK/dV into their sums the same
+        way. Memory-bound passes over the output, q and K/V widths, once per block; the
+        synchronised ring steps wait for the rank whose blocks are all whole."""
+        ab = ACTIVATION_BYTES
+        v_dim = att.v_head_dim if isinstance(att, LatentAttention) else att.head_dim
+        out_bytes = 3 * cp * ab * n * heads_local * v_dim
+        grad_bytes = 3 * cp * n * (ab * heads_local * NdplanCostModel._head_dim(att))
+        grad_bytes += 3 * cp * n * kv_bytes_per_token
+        elementwise(
+            "cp_merge",
+            out_bytes,
+            ("core_attn",),
+            backward_factor=grad_bytes / out_bytes,
+            kernels=cp,
+        )
 
     @staticmethod
     def _head_dim(att) -> int:

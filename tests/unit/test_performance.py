@@ -665,6 +665,35 @@ def test_all_to_all_cp_is_not_hidden() -> None:
     assert fixed_seconds(cost, Overlap(cp=1.0))["cp_comm"] == pytest.approx(0.6)
 
 
+@pytest.mark.parametrize(("cp", "tp"), [(2, 1), (4, 1), (4, 2), (8, 4)])
+def test_ring_cp_merges_each_block_into_the_output_and_its_gradients(cp: int, tp: int) -> None:
+    """Ring CP adds each block's partial output (forward) and dq, dK/dV (backward) into
+    running sums: 3 passes (read the block's, read and write the sum) over the local
+    tokens' output, q and K/V widths, cp times, at the HBM roofline. The merge is part
+    of the core attention that selective recompute re-runs; no CP and all-to-all CP
+    merge nothing."""
+    layout = Layout(tp=tp, cp=cp, sp=tp > 1, num_microbatches=2)
+    cm = NdplanCostModel(Calibration())
+    ctx = make_ctx(layout)
+    merge = {op.name: op for op in cm.layer_cost(ctx, layout, DENSE).ops}["cp_merge"]
+    n = 4096 / cp  # local tokens of one sequence
+    heads = ATTENTION.num_heads / tp
+    kv_heads = max(ATTENTION.num_kv_heads, tp) / tp
+    rate = H100.hbm_bytes_per_s * Calibration().default.hbm
+    out = 3 * cp * 2 * n * heads * 128
+    grads = 3 * cp * 2 * n * (heads * 128 + 2 * kv_heads * 128)
+    assert merge.forward_s == pytest.approx(out / rate)
+    assert merge.backward_s == pytest.approx(grads / rate)
+    assert merge.recomputed_by == frozenset({"core_attn"})
+    assert merge.kernels == cp
+    for other, job in (
+        (Layout(tp=tp, sp=tp > 1, num_microbatches=2), {}),
+        (layout, {"cp_kind": "all_to_all"}),
+    ):
+        names = {op.name for op in cm.layer_cost(make_ctx(other, **job), other, DENSE).ops}
+        assert "cp_merge" not in names
+
+
 def test_ep_exposure_and_dualpipev_overlap() -> None:
     secs = fixed_seconds(fixed_cost(), Overlap(ep=0.25))
     assert secs["ep_comm"] == pytest.approx(0.75 * 1.0)
