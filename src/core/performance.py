@@ -11,7 +11,7 @@ the optimizer step and a fixed per-step overhead. The parts sum to the step time
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .calibration import Calibration, DeviceEfficiency, Overlap
@@ -695,7 +695,12 @@ class NdplanCostModel:
 
     @staticmethod
     def _ring_merges(
-        elementwise, cp: int, n: float, att, heads_local: float, kv_bytes_per_token: float
+        elementwise: Callable[..., None],
+        cp: int,
+        n: float,
+        att: StandardAttention | LatentAttention,
+        heads_local: float,
+        kv_bytes_per_token: float,
     ) -> None:
         """Ring CP's merges, outside the attention kernel: each of the cp blocks' partial
         outputs is rescaled and added into the running output (Transformer Engine's
