@@ -53,6 +53,11 @@ def problem_key(c) -> tuple:
     )
 
 
+def layout_key(c) -> tuple:
+    """The problem and the layout run on it: what one release spread is measured over."""
+    return (*problem_key(c), c.layout.label)
+
+
 def cases(runs: Iterable, moe: bool = False):
     """One published layout per problem, dense or (``moe``) mixture-of-experts."""
     seen = set()
@@ -83,9 +88,7 @@ def release_spreads(runs: Iterable[tuple[tuple, str, float]]) -> dict[tuple, tup
 def layout_spreads(runs: Iterable, moe: bool) -> dict[tuple, tuple[float, int]]:
     """``release_spreads`` of the published runs, keyed by problem and layout."""
     return release_spreads(
-        ((*problem_key(c), c.layout.label), c.release, c.measured_step_s)
-        for c in runs
-        if c.moe == moe
+        (layout_key(c), c.release, c.measured_step_s) for c in runs if c.moe == moe
     )
 
 
@@ -191,7 +194,7 @@ def main() -> list[dict]:
     spreads = {moe: layout_spreads(runs, moe) for moe in (False, True)}
 
     def evaluated(c) -> dict:
-        found = spreads[c.moe].get((*problem_key(c), c.layout.label))
+        found = spreads[c.moe].get(layout_key(c))
         return {**evaluate(planner, c, calibration), "release_spread": found}
 
     results = [evaluated(c) for c in cases(runs)]
