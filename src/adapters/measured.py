@@ -454,8 +454,17 @@ class RunInterpreter:
                 mbs=mbs,
             )
         )
+        fused_mlp = (
+            short == "megatron-bridge"
+            and moe
+            and fused_grouped_mlp_recipe(
+                label, device.id, precision, row.get("release_or_date", ""), pp=pp, vpp=vpp, mbs=mbs
+            )
+        )
+        a2a_overlap = a2a_overlap or fused_mlp
         try:
             job = Job(
+                moe_fused_grouped_mlp=True if fused_mlp else None,
                 moe_dispatcher="deepep"
                 if short == "megatron-bridge"
                 and moe
@@ -674,9 +683,11 @@ def a2a_overlap_recipe(
       ``moe_a2a_overlap=True``;
     - GPT-OSS 120B in MXFP8 at GBS 1,280 on GB300, GB200 and B300: the FP8_MX V2 configs.
 
-    The newest GB200 and B300 MXFP8 DeepSeek-V3 and GB200 BF16 GPT-OSS configs turn it on
-    too, with layouts their older releases share, so which rows ran it is not known; they
-    are left off, as is every model whose configs keep it off."""
+    The fused grouped MLP's configs turn it on too (``fused_grouped_mlp_recipe``: GB200
+    DeepSeek-V3 and Qwen3-30B-A3B rows from 26.06). The newest B300 MXFP8 DeepSeek-V3 and
+    GB200 BF16 GPT-OSS configs turn it on with layouts their older releases share, so
+    which rows ran it is not known; they are left off, as is every model whose configs
+    keep it off."""
     if label == "DeepSeekV3":
         return (
             (device_id == "h100-sxm" and "25.09" in release)
@@ -686,6 +697,43 @@ def a2a_overlap_recipe(
     if label == "GPT OSS 120B":
         return gbs == 1280 and precision == "mxfp8" and device_id in ("gb300", "gb200", "b300")
     return label == "Qwen3_235B_a22B" and device_id == "h100-sxm" and gbs == 8192
+
+
+FUSED_MLP_RECIPES: dict[str, frozenset[str]] = {
+    "DeepSeekV3": frozenset({"gb300", "gb200"}),
+    "Qwen3_30B_a3B": frozenset({"gb300", "gb200", "b300"}),
+}
+"""Where Megatron-Bridge's MXFP8 performance configs run the routed experts through
+Transformer Engine's fused grouped MLP (``cutedsl_fused_grouped_mlp=True``, with
+``cuda_graph_impl="full_iteration"`` and ``moe_a2a_overlap=True``), by model and system:
+DeepSeek-V3's GB300 and GB200 FP8_MX configs in deepseek_workload_base_configs.py, and
+Qwen3-30B-A3B's GB300, GB200 and B300 fp8_mx variants (qwen3_llm_pretrain.py calls
+``set_full_iter_cg_configs`` for them; its VR200 variant was later made to mirror the
+GB200 one). DeepSeek-V3's B300 FP8_MX config runs it too, at pp 8 × vpp 2 and
+micro-batch 1, a layout no measured B300 row has. Qwen3-235B-A22B's, Kimi K2's and
+GPT-OSS's measured systems have no such config."""
+FUSED_MLP_RELEASE = (26, 6)
+"""The release from which those rows ran it: the same model, system, batch and layout
+step 14-36 % faster from 26.06 than in 26.04 (DeepSeek-V3 on 256 GB200 at pp 4 × 4,
+EP 64; Qwen3-30B-A3B on 8 GB200 and GB300), where the configs before kept TE-scoped
+CUDA graphs and the unfused experts."""
+
+
+def release_number(release: str) -> tuple[int, int] | None:
+    """A NeMo container release's (year, month), e.g. ``NeMo container 26.06.0`` → (26, 6)."""
+    found = re.search(r"\b(\d{2})\.(\d{2})\b", release)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def fused_grouped_mlp_recipe(
+    label: str, device_id: str, precision: str, release: str, *, pp: int, vpp: int, mbs: int
+) -> bool:
+    """Whether a Megatron-Bridge MoE row ran the fused grouped MLP (``FUSED_MLP_RECIPES``
+    from release ``FUSED_MLP_RELEASE``); its configs overlap the all-to-alls as well."""
+    if precision != "mxfp8" or device_id not in FUSED_MLP_RECIPES.get(label, frozenset()):
+        return False
+    number = release_number(release)
+    return number is not None and number >= FUSED_MLP_RELEASE
 
 
 def packs_squad(row: dict[str, str], source: str) -> bool:

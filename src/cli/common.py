@@ -131,6 +131,17 @@ MoeA2AOverlapOpt = Annotated[
     ),
 ]
 
+MoeFusedGroupedMlpOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--moe-fused-grouped-mlp/--no-moe-fused-grouped-mlp",
+        help="Whether the routed experts run Transformer Engine's fused grouped MLP (Megatron "
+        "cutedsl_fused_grouped_mlp; Blackwell, fp8/MXFP8/fp4): one kernel over every local "
+        "expert, expert buffers sized statically [default: off].",
+        show_default=False,
+    ),
+]
+
 Fp8ParamsOpt = Annotated[
     bool | None,
     typer.Option(
@@ -252,6 +263,7 @@ class JobInputs:
     document_tokens: int | None = None
     moe_dispatcher: str | None = None
     moe_a2a_overlap: bool | None = None
+    moe_fused_grouped_mlp: bool | None = None
     file: Path | None = None
     settings: dict[str, Any] | None = None
     """Job fields already read (a sweep's, once for every scenario), in place of ``file``."""
@@ -273,6 +285,7 @@ class JobInputs:
             "document_tokens": self.document_tokens,
             "moe_dispatcher": self.moe_dispatcher,
             "moe_a2a_overlap": self.moe_a2a_overlap,
+            "moe_fused_grouped_mlp": self.moe_fused_grouped_mlp,
         }
         stated = {k: v for k, v in flags.items() if v is not None}
         if self.settings is not None:
@@ -305,6 +318,7 @@ class JobInputs:
                     "document_tokens": "--document-tokens",
                     "moe_dispatcher": "--moe-dispatcher",
                     "moe_a2a_overlap": "--moe-a2a-overlap",
+                    "moe_fused_grouped_mlp": "--moe-fused-grouped-mlp",
                 }.get(field, field)
             raise InvalidInputError(field_error(exc, where)) from None
 

@@ -35,6 +35,7 @@ from .common import (
     ModelOpt,
     MoeA2AOverlapOpt,
     MoeDispatcherOpt,
+    MoeFusedGroupedMlpOpt,
     PrecisionOpt,
     ReserveOpt,
     RuntimeReserveOpt,
@@ -223,6 +224,7 @@ def _layout_command(
     document_tokens: DocumentTokensOpt = None,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeA2AOverlapOpt = None,
+    moe_fused_grouped_mlp: MoeFusedGroupedMlpOpt = None,
     job_file: JobFileOpt = None,
     memory_mode: Annotated[
         str,
@@ -272,6 +274,7 @@ def _layout_command(
         document_tokens=document_tokens,
         moe_dispatcher=moe_dispatcher,
         moe_a2a_overlap=moe_a2a_overlap,
+        moe_fused_grouped_mlp=moe_fused_grouped_mlp,
         file=job_file,
     )
     planner, pctx = build_context(

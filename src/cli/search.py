@@ -47,6 +47,7 @@ from .common import (
     ModelOpt,
     MoeA2AOverlapOpt,
     MoeDispatcherOpt,
+    MoeFusedGroupedMlpOpt,
     PrecisionOpt,
     ReserveOpt,
     RuntimeReserveOpt,
@@ -561,6 +562,7 @@ def search_cmd(
     document_tokens: DocumentTokensOpt = None,
     moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeA2AOverlapOpt = None,
+    moe_fused_grouped_mlp: MoeFusedGroupedMlpOpt = None,
     job_file: JobFileOpt = None,
     max_mem: MaxMemOpt = None,
     reserve: ReserveOpt = None,
@@ -685,6 +687,7 @@ def search_cmd(
             document_tokens=document_tokens,
             moe_dispatcher=moe_dispatcher,
             moe_a2a_overlap=moe_a2a_overlap,
+            moe_fused_grouped_mlp=moe_fused_grouped_mlp,
             file=job_file,
         )
         planner, pctx = build_context(

@@ -88,6 +88,9 @@ class FrameworkTraits:
     paired_a2a_overlap: bool = False
     """The expert-parallel all-to-alls of one micro-batch can overlap another's compute
     (Megatron's --overlap-moe-expert-parallel-comm, the combined 1F1B schedule)."""
+    fused_grouped_mlp: bool = False
+    """The routed experts can run Transformer Engine's fused grouped MLP (Megatron's
+    cutedsl_fused_grouped_mlp)."""
     deferred_embedding_wgrad: bool = False
     """The last pipeline stage can defer the output layer's weight gradient to the
     pipeline drain (Megatron's --defer-embedding-wgrad-compute)."""
@@ -146,6 +149,12 @@ class FrameworkTraits:
                 "micro-batch's compute (Megatron's --overlap-moe-expert-parallel-comm); "
                 "drop --moe-a2a-overlap or use --framework megatron"
             )
+        if field == "moe_fused_grouped_mlp" and value and not self.fused_grouped_mlp:
+            return (
+                f"{self.name} does not run the routed experts as Transformer Engine's fused "
+                "grouped MLP (Megatron's cutedsl_fused_grouped_mlp); drop "
+                "--moe-fused-grouped-mlp or use --framework megatron"
+            )
         if field == "fp8_param_gather" and value and not self.fp8_primary_weights:
             return (
                 f"{self.name} keeps no fp8 weights as the parameters (Megatron's "
@@ -188,6 +197,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         activation_offload=True,
         deduplicated_dispatch=True,
         paired_a2a_overlap=True,
+        fused_grouped_mlp=True,
         deferred_embedding_wgrad=True,
     ),
     "torchtitan": FrameworkTraits(

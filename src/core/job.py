@@ -81,6 +81,15 @@ class Job(Frozen):
     interleaved pipeline, and layers not fully recomputed; the warm-up forwards and
     cool-down backwards have no partner and hide only what they would without it. Off
     when unstated, as in Megatron."""
+    moe_fused_grouped_mlp: bool | None = None
+    """Whether the routed experts run Transformer Engine's fused grouped MLP (Megatron's
+    ``cutedsl_fused_grouped_mlp``, a CuTe DSL kernel for Blackwell in fp8, MXFP8 or fp4):
+    one persistent kernel per pass over every local expert, which reads the token counts
+    on the device. It fills the device as one GEMM the size of all the local experts'
+    work does, where the unfused path runs a GEMM per expert at that size's efficiency;
+    and with it Megatron sizes the expert buffers statically
+    (``moe_expert_rank_capacity_factor``), so the dispatch sends no token counts to the
+    host and the layer's host synchronisation goes. Off when unstated, as in Megatron."""
     tp_comm_overlap: bool | None = None
     """Whether the TP all-gathers and reduce-scatters overlap the GEMMs around them
     (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers; torchtitan's
@@ -121,6 +130,7 @@ class Job(Frozen):
         "cp_kind",
         "moe_dispatcher",
         "moe_a2a_overlap",
+        "moe_fused_grouped_mlp",
         "tp_comm_overlap",
         "fp8_param_gather",
         "activation_offload",
@@ -158,6 +168,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "moe_capacity_factor": 1.0,
     "moe_dispatcher": "alltoall",
     "moe_a2a_overlap": False,
+    "moe_fused_grouped_mlp": False,
     "finetune": "full",
     "fp8_param_gather": True,
     "activation_offload": False,

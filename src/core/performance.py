@@ -201,11 +201,14 @@ class _LayerOps:
         routed: bool = False,
         gathered: bool = False,
         recomputed_share: tuple[float, str] | None = None,
+        fused: bool = False,
     ) -> None:
         """One GEMM op; ``recomputed_share`` (share, switch): that share of it (a fused
         projection's part) is recomputed under one more switch."""
         model, ctx = self.model, self.ctx
-        fwd = model._gemm_s(ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed)
+        fwd = model._gemm_s(
+            ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed, fused=fused
+        )
         if (low_precision is None and self.lp) or low_precision:
             # A column-parallel input that arrives through the SP all-gather is quantised
             # on the rank's own shard before the gather (Transformer Engine), so the cast
@@ -359,9 +362,12 @@ class NdplanCostModel:
         low_precision: bool | None = None,
         grouped: bool = False,
         routed: bool = False,
+        fused: bool = False,
     ) -> float:
         """``count`` GEMMs of m×k by k×n: compute at a size-dependent efficiency, or the
-        memory roofline, whichever is slower."""
+        memory roofline, whichever is slower. ``fused``: the count run as one persistent
+        kernel (the fused grouped MLP), which fills the device as one GEMM of their whole
+        size does."""
         if m <= 0 or k <= 0 or n <= 0 or count <= 0:
             return 0.0
         eff = self.efficiency(ctx)
@@ -370,8 +376,9 @@ class NdplanCostModel:
         flops = 2.0 * m * k * n
         peak = ctx.device.peak_flops(job.gemm_precision if lp else "bf16")
         top = eff.gemm_fraction(job.precision if lp else "bf16", routed)
-        half = (eff.grouped_gemm_half_gflop if grouped else eff.gemm_half_gflop) * 1e9
-        efficiency = top * flops / (flops + half) if half > 0 else top
+        half = (eff.grouped_gemm_half_gflop if grouped and not fused else eff.gemm_half_gflop) * 1e9
+        size = flops * count if fused else flops
+        efficiency = top * size / (size + half) if half > 0 else top
         compute = flops / (peak * efficiency)
         element = 1.0 if lp else 2.0
         memory = (m * k + k * n) * element + m * n * ACTIVATION_BYTES
@@ -432,8 +439,11 @@ class NdplanCostModel:
             gemm("fc2", n, width / t, h, ("mlp",))
         else:
             moe: MoEFFN = ffn
-            sync = eff.moe_layer_overhead_us * 1e-6
-            built.ops.append(Op("moe_sync", sync, sync, frozenset(("moe_ffn",))))
+            fused = bool(job.moe_fused_grouped_mlp)
+            if not fused:
+                # The fused path sizes the expert buffers statically: no host sync.
+                sync = eff.moe_layer_overhead_us * 1e-6
+                built.ops.append(Op("moe_sync", sync, sync, frozenset(("moe_ffn",))))
             gemm("router", n / sigma, h, moe.num_experts, low_precision=False)
             elementwise("routing", 4 * 2 * n / sigma * moe.num_experts)
             copies = n / sigma * moe.top_k * job.moe_capacity_factor * layout.expert_tp
@@ -449,6 +459,7 @@ class NdplanCostModel:
                 ("moe_ffn",),
                 count=local_experts,
                 routed=True,
+                fused=fused,
             )
             elementwise(
                 "expert_activation",
@@ -463,6 +474,7 @@ class NdplanCostModel:
                 ("moe_ffn",),
                 count=local_experts,
                 routed=True,
+                fused=fused,
             )
             if moe.shared_intermediate_size:
                 gemm(

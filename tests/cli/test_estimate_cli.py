@@ -291,6 +291,36 @@ def test_the_a2a_overlap_hides_ep_traffic_and_is_refused_where_it_does_not_exist
     assert line.startswith(f"ndplan: error: {job}: moe_a2a_overlap: torchtitan")
 
 
+def test_the_fused_grouped_mlp_speeds_up_the_experts_on_blackwell_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--moe-fused-grouped-mlp (Transformer Engine's fused grouped MLP) shortens the
+    routed experts' compute and moves no memory or communication; it exists only for
+    quantised experts on Blackwell and only in Megatron, and asking for it elsewhere is
+    one line that says so."""
+    args = ("-m", "qwen3-30b-a3b", "-d", "b200", "-n", "8", "--gbs", "64", "-s", "4096")
+    args += ("--ep", "8", "--precision", "mxfp8")
+    default = estimate_json(capsys, *args)
+    assert default == estimate_json(capsys, *args, "--no-moe-fused-grouped-mlp")
+    fused = estimate_json(capsys, *args, "--moe-fused-grouped-mlp")
+    parts, faster = default["time"]["parts"], fused["time"]["parts"]
+    assert faster["forward"] < parts["forward"] and faster["backward"] < parts["backward"]
+    for part in ("ep_comm", "dp_comm", "optimizer"):
+        assert faster[part] == parts[part]
+    assert fused["memory"] == default["memory"]
+    hopper = ("-m", "qwen3-30b-a3b", "-d", "h100-sxm", "-n", "8", "--gbs", "64", "-s", "4096")
+    line = refusal(capsys, *hopper, "--ep", "8", "--precision", "fp8", "--moe-fused-grouped-mlp")
+    assert line == (
+        "ndplan: error: moe_fused_grouped_mlp (Transformer Engine's CuTe DSL kernel) needs a "
+        "Blackwell device and an fp8, MXFP8 or fp4 recipe, not h100-sxm in fp8; drop "
+        "--moe-fused-grouped-mlp"
+    )
+    line = refusal(capsys, *args[:-2], "--moe-fused-grouped-mlp")
+    assert "not b200 in bf16" in line
+    line = refusal(capsys, *args, "--framework", "torchtitan", "--moe-fused-grouped-mlp")
+    assert line.startswith("ndplan: error: --moe-fused-grouped-mlp: torchtitan does not")
+
+
 def test_fp8_parameters_drop_the_bf16_weights_unless_turned_off(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -19,6 +19,7 @@ SWITCHES = {
     "defer_embedding_wgrad": (True, "deferred_embedding_wgrad"),
     "fp8_param_gather": (True, "fp8_primary_weights"),
     "moe_a2a_overlap": (True, "paired_a2a_overlap"),
+    "moe_fused_grouped_mlp": (True, "fused_grouped_mlp"),
 }
 
 

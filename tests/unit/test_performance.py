@@ -1412,6 +1412,56 @@ def test_each_routed_expert_layer_pays_its_fixed_overhead() -> None:
     )
 
 
+def test_the_fused_grouped_mlp_fills_the_device_as_one_gemm_of_every_local_expert() -> None:
+    """Transformer Engine's fused grouped MLP runs the routed experts' fc1 and fc2 each as
+    one persistent kernel over every local expert: a GEMM the size of all their work, at
+    the dense GEMM's knee, where the unfused path runs one GEMM per expert at the grouped
+    knee. So at a fixed token count the experts' time no longer depends on how many
+    experts a rank holds (EP), it is below the unfused time, and the layer pays no host
+    synchronisation (the expert buffers are sized statically)."""
+    b200 = DEVICES["b200"]
+    fit = {"gemm_mxfp8": 0.5, "grouped_gemm_low_precision_ratio": 0.6, "hbm": 0.75}
+    fit |= {"gemm_half_gflop": 5.0, "grouped_gemm_half_gflop": 35.0}
+    fit |= {"moe_layer_overhead_us": 200.0}
+    cm = NdplanCostModel(Calibration(default=DeviceEfficiency(**fit)))
+
+    def experts(ep: int, fused: bool | None) -> dict[str, float]:
+        layout = Layout(dp=16, ep=ep, num_microbatches=1)
+        ctx = make_ctx(
+            layout, moe_model(), device=b200, precision="mxfp8", moe_fused_grouped_mlp=fused
+        )
+        return {op.name: op.forward_s for op in cm.layer_cost(ctx, layout, MOE).ops}
+
+    fused = {ep: experts(ep, True) for ep in (2, 4, 8, 16)}
+    unfused = {ep: experts(ep, None) for ep in (2, 4, 8, 16)}
+    for ep in fused:
+        assert "moe_sync" not in fused[ep]
+        assert unfused[ep]["moe_sync"] == pytest.approx(200e-6)
+        for name in ("expert_fc1", "expert_fc2"):
+            assert fused[ep][name] == pytest.approx(fused[2][name], rel=1e-9)
+            # One local expert (EP 16 of 16 experts) is one GEMM either way.
+            if ep < 16:
+                assert fused[ep][name] < unfused[ep][name]
+            else:
+                assert fused[ep][name] == pytest.approx(unfused[ep][name], rel=1e-12)
+        # Nothing else of the layer moves.
+        moved = ("moe_sync", "expert_fc1", "expert_fc2")
+        rest = {k: v for k, v in unfused[ep].items() if k not in moved}
+        assert rest == {k: v for k, v in fused[ep].items() if k in rest}
+    # The unfused path's per-expert knee makes bigger EP (bigger GEMMs per expert) faster.
+    assert unfused[16]["expert_fc1"] < unfused[2]["expert_fc1"]
+    # One GEMM of the rank's whole routed work at the dense knee, where the unfused path
+    # runs a GEMM per local expert at the grouped knee; both quantise the same inputs.
+    layout = Layout(dp=16, ep=4, num_microbatches=1)
+    ctx = make_ctx(layout, moe_model(), device=b200, precision="mxfp8")
+    copies, local = 4096 * MOE.ffn.top_k, 16 // 4
+    whole = cm._gemm_s(ctx, copies, 2048, 2 * 1024, routed=True)
+    per_expert = cm._gemm_s(ctx, copies / local, 2048, 2 * 1024, local, grouped=True, routed=True)
+    cast = unfused[4]["expert_fc1"] - per_expert
+    assert cast > 0
+    assert fused[4]["expert_fc1"] == pytest.approx(whole + cast, rel=1e-9)
+
+
 # ----------------------------------------------------------------------------- monotone step
 # Cases that broke "no stage getting slower (or device getting slower) makes the step
 # faster" under the earlier composition; they hold now.
