@@ -394,11 +394,10 @@ def check_precision(ctx: PricingContext) -> None:
             f"precision 'mxfp8' needs MX block-scaled tensor cores, which {ctx.device.id} does "
             "not have; use fp8 or fp8-blockwise"
         )
-    if ctx.settings.job.moe_fused_grouped_mlp and not (
-        ctx.settings.is_low_precision and ctx.device.supports("fp4")
-    ):
-        # Transformer Engine's CuTe DSL grouped MLP is built for Blackwell (sm100) and runs
-        # quantised experts only.
+    blackwell = ctx.device.vendor == "nvidia" and ctx.device.supports("fp4")
+    if ctx.settings.job.moe_fused_grouped_mlp and not (ctx.settings.is_low_precision and blackwell):
+        # Transformer Engine's CuTe DSL grouped MLP is built for NVIDIA Blackwell (sm100,
+        # the first with fp4 tensor cores) and runs quantised experts only.
         raise InvalidInputError(
             "moe_fused_grouped_mlp (Transformer Engine's CuTe DSL kernel) needs a Blackwell "
             f"device and an fp8, MXFP8 or fp4 recipe, not {ctx.device.id} in "

@@ -458,7 +458,7 @@ class RunInterpreter:
             short == "megatron-bridge"
             and moe
             and fused_grouped_mlp_recipe(
-                label, device.id, precision, row.get("release_or_date", ""), pp=pp, vpp=vpp, mbs=mbs
+                label, device.id, precision, row.get("release_or_date", "")
             )
         )
         a2a_overlap = a2a_overlap or fused_mlp
@@ -725,9 +725,7 @@ def release_number(release: str) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
-def fused_grouped_mlp_recipe(
-    label: str, device_id: str, precision: str, release: str, *, pp: int, vpp: int, mbs: int
-) -> bool:
+def fused_grouped_mlp_recipe(label: str, device_id: str, precision: str, release: str) -> bool:
     """Whether a Megatron-Bridge MoE row ran the fused grouped MLP (``FUSED_MLP_RECIPES``
     from release ``FUSED_MLP_RELEASE``); its configs overlap the all-to-alls as well."""
     if precision != "mxfp8" or device_id not in FUSED_MLP_RECIPES.get(label, frozenset()):

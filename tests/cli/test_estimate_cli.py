@@ -317,6 +317,9 @@ def test_the_fused_grouped_mlp_speeds_up_the_experts_on_blackwell_only(
     )
     line = refusal(capsys, *args[:-2], "--moe-fused-grouped-mlp")
     assert "not b200 in bf16" in line
+    amd = ("-m", "qwen3-30b-a3b", "-d", "mi355x", "-n", "8", "--gbs", "64", "-s", "4096")
+    line = refusal(capsys, *amd, "--precision", "mxfp8", "--moe-fused-grouped-mlp")
+    assert "not mi355x in mxfp8" in line  # fp4 tensor cores, but not NVIDIA's
     line = refusal(capsys, *args, "--framework", "torchtitan", "--moe-fused-grouped-mlp")
     assert line.startswith("ndplan: error: --moe-fused-grouped-mlp: torchtitan does not")
 
