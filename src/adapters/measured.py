@@ -439,29 +439,19 @@ class RunInterpreter:
             defers_head_wgrad: bool | None = family == "llama"
         else:
             defers_head_wgrad = (not nemo_1) if nvidia_perf else None
+        release = row.get("release_or_date", "")
         a2a_overlap = (
             short == "megatron-bridge"
             and moe
             and a2a_overlap_recipe(
-                label,
-                device.id,
-                precision,
-                gbs,
-                row.get("release_or_date", ""),
-                pp=pp,
-                vpp=vpp,
-                ep=ep,
-                mbs=mbs,
+                label, device.id, precision, gbs, release, pp=pp, vpp=vpp, ep=ep, mbs=mbs
             )
         )
         fused_mlp = (
             short == "megatron-bridge"
             and moe
-            and fused_grouped_mlp_recipe(
-                label, device.id, precision, row.get("release_or_date", "")
-            )
+            and fused_grouped_mlp_recipe(label, device.id, precision, release)
         )
-        a2a_overlap = a2a_overlap or fused_mlp
         try:
             job = Job(
                 moe_fused_grouped_mlp=True if fused_mlp else None,
@@ -688,6 +678,8 @@ def a2a_overlap_recipe(
     GB200 BF16 GPT-OSS configs turn it on with layouts their older releases share, so
     which rows ran it is not known; they are left off, as is every model whose configs
     keep it off."""
+    if fused_grouped_mlp_recipe(label, device_id, precision, release):
+        return True
     if label == "DeepSeekV3":
         return (
             (device_id == "h100-sxm" and "25.09" in release)

@@ -439,7 +439,7 @@ class NdplanCostModel:
             gemm("fc2", n, width / t, h, ("mlp",))
         else:
             moe: MoEFFN = ffn
-            fused = bool(job.moe_fused_grouped_mlp)
+            fused = job.moe_fused_grouped_mlp
             if not fused:
                 # The fused path sizes the expert buffers statically: no host sync.
                 sync = eff.moe_layer_overhead_us * 1e-6
