@@ -673,12 +673,14 @@ def a2a_overlap_recipe(
       ``moe_a2a_overlap=True``;
     - GPT-OSS 120B in MXFP8 at GBS 1,280 on GB300, GB200 and B300: the FP8_MX V2 configs.
 
-    The fused grouped MLP's configs turn it on too (``fused_grouped_mlp_recipe``: GB200
-    DeepSeek-V3 and Qwen3-30B-A3B rows from 26.06). The newest B300 MXFP8 DeepSeek-V3 and
+    The fused grouped MLP's DeepSeek-V3 and Qwen3-30B-A3B configs turn it on too
+    (``fused_grouped_mlp_recipe``, ``FUSED_MLP_A2A_OVERLAP``: their rows from 26.06). The newest B300 MXFP8 DeepSeek-V3 and
     GB200 BF16 GPT-OSS configs turn it on with layouts their older releases share, so
     which rows ran it is not known; they are left off, as is every model whose configs
     keep it off."""
-    if fused_grouped_mlp_recipe(label, device_id, precision, release):
+    if label in FUSED_MLP_A2A_OVERLAP and fused_grouped_mlp_recipe(
+        label, device_id, precision, release
+    ):
         return True
     if label == "DeepSeekV3":
         return (
@@ -694,21 +696,30 @@ def a2a_overlap_recipe(
 FUSED_MLP_RECIPES: dict[str, frozenset[str]] = {
     "DeepSeekV3": frozenset({"gb300", "gb200"}),
     "Qwen3_30B_a3B": frozenset({"gb300", "gb200", "b300"}),
+    "Qwen3_235B_a22B": frozenset({"gb300", "gb200"}),
 }
 """Where Megatron-Bridge's MXFP8 performance configs run the routed experts through
 Transformer Engine's fused grouped MLP (``cutedsl_fused_grouped_mlp=True``, with
-``cuda_graph_impl="full_iteration"`` and ``moe_a2a_overlap=True``), by model and system:
-DeepSeek-V3's GB300 and GB200 FP8_MX configs in deepseek_workload_base_configs.py, and
-Qwen3-30B-A3B's GB300, GB200 and B300 fp8_mx variants (qwen3_llm_pretrain.py calls
-``set_full_iter_cg_configs`` for them; its VR200 variant was later made to mirror the
-GB200 one). DeepSeek-V3's B300 FP8_MX config runs it too, at pp 8 × vpp 2 and
-micro-batch 1, a layout no measured B300 row has. Qwen3-235B-A22B's, Kimi K2's and
-GPT-OSS's measured systems have no such config."""
+``cuda_graph_impl="full_iteration"``), by model and system: DeepSeek-V3's GB300 and GB200
+FP8_MX configs in deepseek_workload_base_configs.py; Qwen3-30B-A3B's GB300, GB200 and
+B300 fp8_mx variants (qwen3_llm_pretrain.py calls ``set_full_iter_cg_configs`` for them;
+its VR200 variant was later made to mirror the GB200 one); Qwen3-235B-A22B's 256-GPU V2
+configs on GB300 and GB200, whose 26.06 config dump (a public GB200 deployment report of
+NeMo 26.06: ``cuda_graph_impl == "full_iteration"``, ``moe_paged_stash``, capacity factor
+1.5, "V2 uses 256 GPU with VPP=3 + full_iteration CUDA Graph + cutedsl enabled") shows
+the V1 to V2 switch as the whole full-iteration stack. DeepSeek-V3's B300 FP8_MX config
+runs it too, at pp 8 × vpp 2 and micro-batch 1, a layout no measured B300 row has. Kimi
+K2's and GPT-OSS's measured systems have no such config."""
+FUSED_MLP_A2A_OVERLAP = frozenset({"DeepSeekV3", "Qwen3_30B_a3B"})
+"""The models whose fused-MLP configs overlap the all-to-alls as well (``moe_a2a_overlap=
+True`` beside the fused MLP). Qwen3-235B-A22B's V2 config dump lists no such change from
+V1, whose GB300 and GB200 configs leave it off."""
 FUSED_MLP_RELEASE = (26, 6)
 """The release from which those rows ran it: the same model, system, batch and layout
 step 14-36 % faster from 26.06 than in 26.04 (DeepSeek-V3 on 256 GB200 at pp 4 × 4,
-EP 64; Qwen3-30B-A3B on 8 GB200 and GB300), where the configs before kept TE-scoped
-CUDA graphs and the unfused experts."""
+EP 64; Qwen3-30B-A3B on 8 GB200 and GB300; Qwen3-235B-A22B on 256 GB300 and GB200, 23 %),
+where the configs before kept TE-scoped CUDA graphs and the unfused experts (the report
+above names NeMo 26.06 and Megatron Core 0.18 the first to run the stack)."""
 
 
 def release_number(release: str) -> tuple[int, int] | None:
@@ -719,7 +730,8 @@ def release_number(release: str) -> tuple[int, int] | None:
 
 def fused_grouped_mlp_recipe(label: str, device_id: str, precision: str, release: str) -> bool:
     """Whether a Megatron-Bridge MoE row ran the fused grouped MLP (``FUSED_MLP_RECIPES``
-    from release ``FUSED_MLP_RELEASE``); its configs overlap the all-to-alls as well."""
+    from release ``FUSED_MLP_RELEASE``); most of its configs overlap the all-to-alls as
+    well (``FUSED_MLP_A2A_OVERLAP``)."""
     if precision != "mxfp8" or device_id not in FUSED_MLP_RECIPES.get(label, frozenset()):
         return False
     number = release_number(release)
