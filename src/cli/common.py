@@ -137,7 +137,8 @@ MoeFusedGroupedMlpOpt = Annotated[
         "--moe-fused-grouped-mlp/--no-moe-fused-grouped-mlp",
         help="Whether the routed experts run Transformer Engine's fused grouped MLP (Megatron "
         "cutedsl_fused_grouped_mlp; Blackwell, fp8/MXFP8/fp4): one kernel over every local "
-        "expert, expert buffers sized statically [default: off].",
+        "expert, as fast as one dense GEMM of their work, expert buffers sized statically "
+        "[default: off].",
         show_default=False,
     ),
 ]

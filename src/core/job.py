@@ -85,8 +85,9 @@ class Job(Frozen):
     """Whether the routed experts run Transformer Engine's fused grouped MLP (Megatron's
     ``cutedsl_fused_grouped_mlp``, a CuTe DSL kernel for Blackwell in fp8, MXFP8 or fp4):
     one persistent kernel per pass over every local expert, which reads the token counts
-    on the device. It fills the device as one GEMM the size of all the local experts'
-    work does, where the unfused path runs a GEMM per expert at that size's efficiency;
+    on the device. It runs as one dense GEMM the size of all the local experts' work
+    does, where the unfused path runs a GEMM per expert at that size's efficiency and
+    the grouped GEMMs' lower fraction of peak;
     and with it Megatron sizes the expert buffers statically
     (``moe_expert_rank_capacity_factor``), so the dispatch sends no token counts to the
     host and the layer's host synchronisation goes. Off when unstated, as in Megatron."""

@@ -366,8 +366,10 @@ class NdplanCostModel:
     ) -> float:
         """``count`` GEMMs of m×k by k×n: compute at a size-dependent efficiency, or the
         memory roofline, whichever is slower. ``fused``: the count run as one persistent
-        kernel (the fused grouped MLP), which fills the device as one GEMM of their whole
-        size does."""
+        kernel (the fused grouped MLP), which runs as one dense GEMM of their whole size
+        does: the dense knee and the dense fraction of peak. (What holds unfused grouped
+        GEMMs below the dense fraction, each expert's own tail wave and the host-split
+        launches, the persistent kernel does not have.)"""
         if m <= 0 or k <= 0 or n <= 0 or count <= 0:
             return 0.0
         eff = self.efficiency(ctx)
@@ -375,7 +377,7 @@ class NdplanCostModel:
         lp = job.is_low_precision if low_precision is None else low_precision
         flops = 2.0 * m * k * n
         peak = ctx.device.peak_flops(job.gemm_precision if lp else "bf16")
-        top = eff.gemm_fraction(job.precision if lp else "bf16", routed)
+        top = eff.gemm_fraction(job.precision if lp else "bf16", routed and not fused)
         half = (eff.grouped_gemm_half_gflop if grouped and not fused else eff.gemm_half_gflop) * 1e9
         size = flops * count if fused else flops
         efficiency = top * size / (size + half) if half > 0 else top

@@ -1414,11 +1414,13 @@ def test_each_routed_expert_layer_pays_its_fixed_overhead() -> None:
 
 def test_the_fused_grouped_mlp_fills_the_device_as_one_gemm_of_every_local_expert() -> None:
     """Transformer Engine's fused grouped MLP runs the routed experts' fc1 and fc2 each as
-    one persistent kernel over every local expert: a GEMM the size of all their work, at
-    the dense GEMM's knee, where the unfused path runs one GEMM per expert at the grouped
-    knee. So at a fixed token count the experts' time no longer depends on how many
-    experts a rank holds (EP), it is below the unfused time, and the layer pays no host
-    synchronisation (the expert buffers are sized statically)."""
+    one persistent kernel over every local expert: a dense GEMM the size of all their
+    work, at the dense GEMM's knee and fraction of peak, where the unfused path runs one
+    GEMM per expert at the grouped knee and the grouped fraction. So at a fixed token
+    count the experts' time no longer depends on how many experts a rank holds (EP), it
+    is below the unfused time (at one local expert too: the same GEMM at the dense
+    fraction), and the layer pays no host synchronisation (the expert buffers are sized
+    statically)."""
     b200 = DEVICES["b200"]
     fit = {"gemm_mxfp8": 0.5, "grouped_gemm_low_precision_ratio": 0.6, "hbm": 0.75}
     fit |= {"gemm_half_gflop": 5.0, "grouped_gemm_half_gflop": 35.0}
@@ -1439,27 +1441,33 @@ def test_the_fused_grouped_mlp_fills_the_device_as_one_gemm_of_every_local_exper
         assert unfused[ep]["moe_sync"] == pytest.approx(200e-6)
         for name in ("expert_fc1", "expert_fc2"):
             assert fused[ep][name] == pytest.approx(fused[2][name], rel=1e-9)
-            # One local expert (EP 16 of 16 experts) is one GEMM either way.
-            if ep < 16:
-                assert fused[ep][name] < unfused[ep][name]
-            else:
-                assert fused[ep][name] == pytest.approx(unfused[ep][name], rel=1e-12)
+            assert fused[ep][name] < unfused[ep][name]
         # Nothing else of the layer moves.
         moved = ("moe_sync", "expert_fc1", "expert_fc2")
         rest = {k: v for k, v in unfused[ep].items() if k not in moved}
         assert rest == {k: v for k, v in fused[ep].items() if k in rest}
     # The unfused path's per-expert knee makes bigger EP (bigger GEMMs per expert) faster.
     assert unfused[16]["expert_fc1"] < unfused[2]["expert_fc1"]
-    # One GEMM of the rank's whole routed work at the dense knee, where the unfused path
-    # runs a GEMM per local expert at the grouped knee; both quantise the same inputs.
+    # One dense GEMM of the rank's whole routed work (the dense knee and fraction), where
+    # the unfused path runs a GEMM per local expert at the grouped knee and fraction; both
+    # quantise the same inputs.
     layout = Layout(dp=16, ep=4, num_microbatches=1)
     ctx = make_ctx(layout, moe_model(), device=b200, precision="mxfp8")
     copies, local = 4096 * MOE.ffn.top_k, 16 // 4
-    whole = cm._gemm_s(ctx, copies, 2048, 2 * 1024, routed=True)
+    whole = cm._gemm_s(ctx, copies, 2048, 2 * 1024)
     per_expert = cm._gemm_s(ctx, copies / local, 2048, 2 * 1024, local, grouped=True, routed=True)
     cast = unfused[4]["expert_fc1"] - per_expert
     assert cast > 0
     assert fused[4]["expert_fc1"] == pytest.approx(whole + cast, rel=1e-9)
+    # At one local expert the two paths run the same GEMM, at the two fractions of peak.
+    dense_over_grouped = 1 / fit["grouped_gemm_low_precision_ratio"]
+    one = copies / 16
+    assert cm._gemm_s(ctx, one, 2048, 2 * 1024, grouped=False) == pytest.approx(
+        cm._gemm_s(ctx, one, 2048, 2 * 1024, fused=True, routed=True), rel=1e-12
+    )
+    assert cm._gemm_s(ctx, one, 2048, 2 * 1024, routed=True) == pytest.approx(
+        dense_over_grouped * cm._gemm_s(ctx, one, 2048, 2 * 1024), rel=1e-12
+    )
 
 
 # ----------------------------------------------------------------------------- monotone step
