@@ -674,10 +674,10 @@ def a2a_overlap_recipe(
     - GPT-OSS 120B in MXFP8 at GBS 1,280 on GB300, GB200 and B300: the FP8_MX V2 configs.
 
     The fused grouped MLP's DeepSeek-V3 and Qwen3-30B-A3B configs turn it on too
-    (``fused_grouped_mlp_recipe``, ``FUSED_MLP_A2A_OVERLAP``: their rows from 26.06). The newest B300 MXFP8 DeepSeek-V3 and
-    GB200 BF16 GPT-OSS configs turn it on with layouts their older releases share, so
-    which rows ran it is not known; they are left off, as is every model whose configs
-    keep it off."""
+    (``fused_grouped_mlp_recipe``, ``FUSED_MLP_A2A_OVERLAP``: their rows from 26.06). The
+    newest B300 MXFP8 DeepSeek-V3 and GB200 BF16 GPT-OSS configs turn it on with layouts
+    their older releases share, so which rows ran it is not known; they are left off, as
+    is every model whose configs keep it off."""
     if label in FUSED_MLP_A2A_OVERLAP and fused_grouped_mlp_recipe(
         label, device_id, precision, release
     ):
