@@ -87,10 +87,10 @@ class Job(Frozen):
     one persistent kernel per pass over every local expert, which reads the token counts
     on the device. It runs as one dense GEMM the size of all the local experts' work
     does, where the unfused path runs a GEMM per expert at that size's efficiency and
-    the grouped GEMMs' lower fraction of peak;
-    and with it Megatron sizes the expert buffers statically
-    (``moe_expert_rank_capacity_factor``), so the dispatch sends no token counts to the
-    host and the layer's host synchronisation goes. Off when unstated, as in Megatron."""
+    the grouped GEMMs' lower fraction of peak; and with it Megatron sizes the expert
+    buffers statically (``moe_expert_rank_capacity_factor``), so the dispatch sends no
+    token counts to the host and the layer's host synchronisation goes. Off when
+    unstated, as in Megatron."""
     tp_comm_overlap: bool | None = None
     """Whether the TP all-gathers and reduce-scatters overlap the GEMMs around them
     (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers; torchtitan's

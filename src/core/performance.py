@@ -372,13 +372,15 @@ class NdplanCostModel:
         launches, the persistent kernel does not have.)"""
         if m <= 0 or k <= 0 or n <= 0 or count <= 0:
             return 0.0
+        if fused:
+            grouped = routed = False  # one dense GEMM of the whole work (size below)
         eff = self.efficiency(ctx)
         job = ctx.settings
         lp = job.is_low_precision if low_precision is None else low_precision
         flops = 2.0 * m * k * n
         peak = ctx.device.peak_flops(job.gemm_precision if lp else "bf16")
-        top = eff.gemm_fraction(job.precision if lp else "bf16", routed and not fused)
-        half = (eff.grouped_gemm_half_gflop if grouped and not fused else eff.gemm_half_gflop) * 1e9
+        top = eff.gemm_fraction(job.precision if lp else "bf16", routed)
+        half = (eff.grouped_gemm_half_gflop if grouped else eff.gemm_half_gflop) * 1e9
         size = flops * count if fused else flops
         efficiency = top * size / (size + half) if half > 0 else top
         compute = flops / (peak * efficiency)
