@@ -66,12 +66,17 @@ def group_link(cluster: Cluster, eff: DeviceEfficiency, size: int, stride: int) 
     return GroupLink(size, ring, out.latency_s, members, intra, out.bytes_per_s * eff.scale_out_bus)
 
 
+def ring_latency_s(link: GroupLink) -> float:
+    """The per-hop latency one ring all-gather or reduce-scatter pays, whatever its size."""
+    return (link.size - 1) * link.latency_s if link.size > 1 else 0.0
+
+
 def all_gather_s(link: GroupLink, total_bytes: float) -> float:
     """All-gather (or reduce-scatter) of a tensor of ``total_bytes`` in all."""
     n = link.size
     if n <= 1 or total_bytes <= 0:
         return 0.0
-    return (n - 1) / n * total_bytes / link.bytes_per_s + (n - 1) * link.latency_s
+    return (n - 1) / n * total_bytes / link.bytes_per_s + ring_latency_s(link)
 
 
 reduce_scatter_s = all_gather_s

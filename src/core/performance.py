@@ -24,6 +24,7 @@ from .collectives import (
     deduplicated_all_to_all_s,
     group_link,
     reduce_scatter_s,
+    ring_latency_s,
     send_recv_s,
 )
 from .context import PricingContext, StagePlacement
@@ -1036,7 +1037,7 @@ class NdplanCostModel:
         if layout.zero < 3 or ctx.settings.finetune == "lora":
             return 0.0
         ov = self.overlap(ctx)
-        gather, scatter = self._dp_volumes(ctx, layout, stage)
+        gather, scatter = self._fsdp_volumes(ctx, layout, stage)
         # Compute already hiding the CP ring cannot hide the gathers as well.
         fwd = parts["forward"] - getattr(parts, "cp_hidden_forward", 0.0)
         bwd = parts["backward"] + parts["recompute"] - getattr(parts, "cp_hidden_backward", 0.0)
@@ -1044,19 +1045,42 @@ class NdplanCostModel:
         exposed = max(0.0, gather - ov.fsdp * fwd) + max(0.0, gather + scatter - ov.fsdp * bwd)
         return self._charged(ctx, raw, exposed)
 
+    def _fsdp_volumes(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> tuple[float, float]:
+        """``_dp_volumes`` as ZeRO-3/FSDP moves them each micro-batch: a collective per
+        sharded unit (each decoder layer; the embedding, output layer and MTP block one
+        more; the routed experts of each MoE layer over their own group), each paying
+        the ring's per-hop latency — ``_dp_volumes`` prices one per group."""
+        key = ("fsdp_volumes", *self._dp_volumes_key(layout, stage))
+        found = ctx.cache.get(key)
+        if found is None:
+            gather, scatter = self._dp_volumes(ctx, layout, stage)
+            extras = stage.has_embedding or stage.has_head or stage.has_mtp
+            units = stage.num_layers + (1 if extras else 0)
+            moe_layers = sum(
+                count
+                for kind, count in stage.composition
+                if isinstance(ctx.model.kinds[kind].ffn, MoEFFN)
+            )
+            links = self.links(ctx, layout)
+            extra = max(0, units - 1) * ring_latency_s(links.dp) + max(
+                0, moe_layers - 1
+            ) * ring_latency_s(links.expert_dp)
+            found = ctx.cache[key] = (gather + extra, scatter + extra)
+        return found
+
     def _charged(self, ctx: PricingContext, raw: float, exposed: float) -> float:
         """What traffic of ``raw`` seconds, ``exposed`` of them not hidden, adds to the step:
         the exposed part, and ``interference`` of the hidden part (the collectives' kernels
         take SMs and HBM bandwidth from the compute they hide behind)."""
         return exposed + self._calibration(ctx).interference * (raw - exposed)
 
-    def _dp_volumes(
-        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
-    ) -> tuple[float, float]:
-        """(parameter all-gather, gradient reduce-scatter) seconds of one stage's state
-        over its data-parallel (and expert-data-parallel) groups."""
-        key = (
-            "dp_volumes",
+    @staticmethod
+    def _dp_volumes_key(layout: Layout, stage: StagePlacement) -> tuple:
+        """What a stage's data-parallel volumes depend on: its role, the degrees that
+        shard it and place its groups, and whether fp8 parameters apply."""
+        return (
             stage.role[:4],
             layout.tp,
             layout.cp,
@@ -1066,6 +1090,13 @@ class NdplanCostModel:
             layout.pp,
             layout.zero >= 1,  # all that fp8 parameters depend on in the layout
         )
+
+    def _dp_volumes(
+        self, ctx: PricingContext, layout: Layout, stage: StagePlacement
+    ) -> tuple[float, float]:
+        """(parameter all-gather, gradient reduce-scatter) seconds of one stage's state
+        over its data-parallel (and expert-data-parallel) groups."""
+        key = ("dp_volumes", *self._dp_volumes_key(layout, stage))
         found = ctx.cache.get(key)
         if found is None:
             # Per-tensor fp8 parameters gather as they are stored, a byte each; MXFP8 ones
@@ -1361,7 +1392,7 @@ class NdplanCostModel:
         fsdp = self.overlap(ctx).fsdp
 
         def exposure(stage: StagePlacement) -> float:
-            gather, scatter = self._dp_volumes(ctx, layout, stage)
+            gather, scatter = self._fsdp_volumes(ctx, layout, stage)
             raw = 2 * gather + scatter
             return self._charged(ctx, raw, max(0.0, raw - fsdp * compute_s))
 

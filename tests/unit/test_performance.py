@@ -135,6 +135,14 @@ def volumes(cm: NdplanCostModel, ctx: PricingContext, layout: Layout) -> list[tu
     return [cm._dp_volumes(ctx, layout, s) for s in ctx.placement(layout)]
 
 
+def fsdp_volumes(
+    cm: NdplanCostModel, ctx: PricingContext, layout: Layout
+) -> list[tuple[float, float]]:
+    """Per stage, the same as ZeRO-3 moves them each micro-batch, a collective per sharded
+    unit (checked by hand in test_fsdp_stage_part_by_hand)."""
+    return [cm._fsdp_volumes(ctx, layout, s) for s in ctx.placement(layout)]
+
+
 # ----------------------------------------------------------------------------- composition
 
 
@@ -378,7 +386,7 @@ def test_stage_seconds_carry_the_fsdp_part_and_the_step_pays_it_every_micro_batc
     cm = overlap_model(fsdp=0.0)
     (stage,) = ctx.placement(layout)
     secs = cm.stage_seconds(ctx, layout, stage, [(0, 1, 8, frozenset())])
-    ((gather, scatter),) = volumes(cm, ctx, layout)
+    ((gather, scatter),) = fsdp_volumes(cm, ctx, layout)
     # Sharded gradients are reduce-scattered after every micro-batch's backward.
     assert secs["dp_comm"] == pytest.approx(2 * gather + scatter, rel=1e-12)
     time = cm.step(ctx, layout, [stage], [secs])
@@ -896,14 +904,16 @@ def test_lora_reduces_no_gradients_and_steps_no_optimizer() -> None:
 @pytest.mark.parametrize("recompute", [frozenset(), None])
 def test_fsdp_stage_part_by_hand(framework: str, overlap: float, recompute) -> None:
     """Per micro-batch: gather for the forward, hidden behind it; gather again and scatter
-    the gradients, hidden behind the backward and its recompute."""
+    the gradients, hidden behind the backward and its recompute. Each of the 9 sharded
+    units (8 layers, and the embedding and output layer) is its own collective, paying
+    the ring's 3 hops of latency."""
     layout = Layout(dp=4, zero=3, num_microbatches=3, mbs=1)
     ctx = make_ctx(layout, framework=framework, seq=1024)
     cm = overlap_model(fsdp=overlap)
     (stage,) = ctx.placement(layout)
     dense, _, _ = NdplanMemoryModel().stage_parameters(ctx, layout, stage)
-    gather = 3 / 4 * 2 * dense / H100_UP + 3 * H100_ALPHA
-    scatter = 3 / 4 * 4 * dense / H100_UP + 3 * H100_ALPHA  # fp32 gradients in both
+    gather = 3 / 4 * 2 * dense / H100_UP + 9 * 3 * H100_ALPHA
+    scatter = 3 / 4 * 4 * dense / H100_UP + 9 * 3 * H100_ALPHA  # fp32 gradients in both
     secs = cm.stage_seconds(ctx, layout, stage, [(0, 1, 8, recompute)])
     fwd, bwd = secs["forward"], secs["backward"] + secs["recompute"]
     expected = max(0.0, gather - overlap * fwd) + max(0.0, gather + scatter - overlap * bwd)
@@ -919,6 +929,29 @@ def test_fsdp_stage_part_by_hand(framework: str, overlap: float, recompute) -> N
     assert {k: v for k, v in secs.items() if k != "dp_comm"} == {
         k: v for k, v in plain.items() if k != "dp_comm"
     }
+
+
+@pytest.mark.parametrize(("dp", "ep", "pp"), [(4, 2, 1), (8, 4, 1), (4, 2, 2)])
+def test_fsdp_pays_the_ring_latency_once_per_sharded_unit(dp: int, ep: int, pp: int) -> None:
+    """ZeRO-3 gathers and scatters layer by layer: beyond the one collective per group
+    that the per-step volumes price, every further unit of the stage pays the data-
+    parallel ring's latency again (each decoder layer; the embedding and output layer
+    together one more unit), and every further MoE layer the expert-data-parallel
+    ring's. Bytes are unchanged. (One node: every hop is NVLink's 3 µs.)"""
+    layout = Layout(dp=dp, ep=ep, pp=pp, zero=3, num_microbatches=2 * pp)
+    ctx = make_ctx(layout, moe_model(8))
+    cm = overlap_model()
+    links = cm.links(ctx, layout)
+    assert (links.dp.size, links.expert_dp.size) == (dp, dp // ep)
+    for stage, per_step, per_unit in zip(
+        ctx.placement(layout), volumes(cm, ctx, layout), fsdp_volumes(cm, ctx, layout), strict=True
+    ):
+        moe_layers = sum(1 for i in stage.layers if i > 0)  # layer 0 is dense
+        units = stage.num_layers + (stage.has_embedding or stage.has_head)
+        extra = (units - 1) * (dp - 1) * H100_ALPHA + (moe_layers - 1) * (dp // ep - 1) * H100_ALPHA
+        assert extra > 0
+        assert per_unit[0] == pytest.approx(per_step[0] + extra, rel=1e-12)
+        assert per_unit[1] == pytest.approx(per_step[1] + extra, rel=1e-12)
 
 
 def test_fsdp_part_is_none_below_zero3_and_for_lora() -> None:
@@ -942,6 +975,9 @@ class FixedVolumes(NdplanCostModel):
         return self.fixed
 
     def _dp_volumes(self, ctx, layout, stage):
+        return self.volumes
+
+    def _fsdp_volumes(self, ctx, layout, stage):
         return self.volumes
 
 
@@ -1496,7 +1532,7 @@ def test_faster_peak_with_cp_and_dp_overlap_is_not_slower(zero: int) -> None:
     steps = []
     for device in (faster_peak(H100), H100):
         priced, ctx, cm = _price(layout, device, ov)
-        ((gather, scatter),) = volumes(cm, ctx, layout)
+        ((gather, scatter),) = (volumes if zero == 1 else fsdp_volumes)(cm, ctx, layout)
         cost = cm.layer_cost(ctx, layout, DENSE)
         ring = 8 * (cost.cp_forward_s + cost.cp_backward_s)
         traffic = gather + scatter if zero == 1 else 2 * gather + scatter
@@ -1595,7 +1631,7 @@ def test_dualpipev_fsdp_faster_peak_is_not_slower() -> None:
     ov = Overlap(fsdp=1.0)
     fast, ctx, cm = _price(layout, faster_peak(H100), ov)
     slow, _, _ = _price(layout, H100, ov)
-    vols = volumes(cm, ctx, layout)
+    vols = fsdp_volumes(cm, ctx, layout)
     for a, b, (gather, scatter) in zip(fast.stage_seconds, slow.stage_seconds, vols, strict=True):
         assert sum(a.values()) == pytest.approx(sum(b.values()), rel=1e-12)
         for s in (a, b):
