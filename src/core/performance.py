@@ -1064,9 +1064,9 @@ class NdplanCostModel:
                 if isinstance(ctx.model.kinds[kind].ffn, MoEFFN)
             )
             links = self.links(ctx, layout)
-            extra = max(0, units - 1) * ring_latency_s(links.dp) + max(
-                0, moe_layers - 1
-            ) * ring_latency_s(links.expert_dp)
+            dense_hops = max(0, units - 1) * ring_latency_s(links.dp)
+            expert_hops = max(0, moe_layers - 1) * ring_latency_s(links.expert_dp)
+            extra = dense_hops + expert_hops
             found = ctx.cache[key] = (gather + extra, scatter + extra)
         return found
 
