@@ -1059,9 +1059,7 @@ class NdplanCostModel:
             extras = stage.has_embedding or stage.has_head or stage.has_mtp
             units = stage.num_layers + (1 if extras else 0)
             moe_layers = sum(
-                count
-                for kind, count in stage.composition
-                if isinstance(ctx.model.kinds[kind].ffn, MoEFFN)
+                count for kind, count in stage.composition if ctx.model.kinds[kind].is_moe
             )
             links = self.links(ctx, layout)
             dense_hops = max(0, units - 1) * ring_latency_s(links.dp)
