@@ -68,7 +68,7 @@ def group_link(cluster: Cluster, eff: DeviceEfficiency, size: int, stride: int) 
 
 def ring_latency_s(link: GroupLink) -> float:
     """The per-hop latency one ring all-gather or reduce-scatter pays, whatever its size."""
-    return (link.size - 1) * link.latency_s if link.size > 1 else 0.0
+    return (link.size - 1) * link.latency_s
 
 
 def all_gather_s(link: GroupLink, total_bytes: float) -> float:
