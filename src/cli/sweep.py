@@ -22,7 +22,6 @@ from rich.text import Text
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.errors import ExitCode, InvalidInputError, did_you_mean
 from ndplan.core.frameworks import traits_for
-from ndplan.core.model import MoEFFN
 from ndplan.core.units import GiB
 from ndplan.planner import Planner
 from ndplan.sweep import ROW_FIELDS, Scenario, SweepRecipe, run_sweep
@@ -343,7 +342,7 @@ def sweep_cmd(
                 vary=None,
                 fixed={},
                 file_values=space_values,
-                is_moe=any(isinstance(k.ffn, MoEFFN) for k in spec.kinds),
+                is_moe=spec.is_moe,
                 framework=traits_for(job.framework or "megatron"),
                 max_tp=None,
             )
