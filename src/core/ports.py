@@ -73,8 +73,10 @@ class CostModel(Protocol):
     fastest option, takes ``layers_s`` (the built-in model: its pipeline of stages that
     balanced, the traffic they cannot hide, the optimizer step and its fixed overhead).
     The search takes it where it is above its own quick bound, so it skips more layouts
-    unpriced; without it the bounds leave all that out. A wrapper that prices stages or
-    the step its own way must not inherit the wrapped model's floor (0.0 is always safe).
+    unpriced; without it the bounds leave all that out. A model that prices stages or
+    the step its own way must not inherit the analytic model's floor (0.0 is always safe).
+    ``stage_seconds`` must sum this model's own ``layer_seconds`` (the knapsack and the
+    bounds read those): override ``NdplanCostModel`` by subclassing, not by wrapping it.
 
     The balanced layer split weighs the output layer by this model too: the last
     stage's ``forward + backward + recompute`` from ``stage_seconds`` with no layers,
@@ -241,3 +243,10 @@ class DeviceCatalog(Protocol):
 
 RefusalRule = Callable[["Layout", "PricingContext"], "str | None"]
 """An extra refusal rule: returns a reason to refuse the candidate, or None."""
+
+
+def missing_members(obj: object, port: type) -> list[str]:
+    """The attributes and methods of ``port`` that ``obj`` lacks (a plugin's component is
+    checked where it is made, so a wrong one is named there, not deep inside a search)."""
+    declared = (*getattr(port, "__annotations__", {}), *vars(port))
+    return sorted({n for n in declared if not n.startswith("_") and not hasattr(obj, n)})

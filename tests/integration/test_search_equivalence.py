@@ -25,8 +25,10 @@ import pytest
 from ndplan.bootstrap import bootstrap
 from ndplan.core.job import Job
 from ndplan.core.layout import SearchSpace
+from ndplan.core.performance import NdplanCostModel
 from ndplan.core.search import FIELDS
 from ndplan.planner import Planner, PricingOptions
+from ndplan.plugins.hookspecs import hookimpl
 
 TOP = 10
 FIXED = {"zero": (1,), "offload_optimizer": (False,)}
@@ -317,6 +319,54 @@ def test_bounding_keeps_the_top_k_of_every_dimension_searched(planner, case) -> 
     assert default.result.summary.bounded > default.result.summary.priced  # it pruned a lot
     assert kept(default)[:TOP] == kept(exhaustive)[:TOP]
     assert default.result.plans == exhaustive.result.plans
+
+
+class _TpCommScaled(NdplanCostModel):
+    """A user's cost model as docs/architecture.md shows it: the analytic one, subclassed,
+    with TP communication scaled (as a profiler might have measured it)."""
+
+    factor = 1.0
+
+    def layer_seconds(self, ctx, layout, kind, recompute):
+        parts = dict(super().layer_seconds(ctx, layout, kind, recompute))
+        parts["tp_comm"] *= self.factor
+        return parts
+
+
+@pytest.mark.parametrize("factor", [0.25, 4.0])
+def test_a_subclassed_cost_model_prices_and_bounds_with_its_own_layer_times(
+    planner, factor
+) -> None:
+    """The override reaches the step (stage_seconds sums layer_seconds), and the search's
+    bounds, built from the same layer_seconds, keep the exhaustive top K."""
+    model = type("Scaled", (_TpCommScaled,), {"factor": factor})
+
+    class Plugin:
+        @hookimpl
+        def ndplan_register_cost_models(self, registry):
+            registry.add("ndplan", model, replace=True)
+
+    custom = Planner(bootstrap(extra=[Plugin()], entry_points=False))
+    # Memory is tight: TP layouts lead, and their order moves with the TP traffic.
+    case = ("llama-3-8b", 8, 32, 4096, 24, SearchSpace(recompute=("auto",)))
+    default = run_search(custom, *case)
+    exhaustive = run_search(custom, *case, bounding=False)
+    assert default.result.summary.bounded > 0
+    assert default.result.plans == exhaustive.result.plans
+    # Its step times are its own: a TP plan's TP communication scales by the factor.
+    builtin = run_search(planner, *case)
+    assert [p.layout for p in builtin.result.plans] != [p.layout for p in default.result.plans]
+    own = default.result.plans[0]
+    assert own.layout.tp > 1
+    job = Job(global_batch_size=32, seq_length=4096)
+    opts = PricingOptions(max_mem_gib=24)
+    priced = {}
+    for name, p in (("custom", custom), ("builtin", planner)):
+        ctx = p.context(p.model("llama-3-8b"), p.device("h100"), 8, job, options=opts)
+        priced[name] = p.estimate(ctx, own.layout, opts)
+    assert priced["custom"].time.step_s == own.time.step_s  # the search priced it so
+    ratio = priced["custom"].time.parts["tp_comm"] / priced["builtin"].time.parts["tp_comm"]
+    assert (ratio > 1) if factor > 1 else (ratio < 1)
 
 
 # ----------------------------------------------------------------------------- two processes
