@@ -6,24 +6,71 @@ fakes (``extra=``) instead of patching.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ndplan.core.errors import InvalidInputError, PluginError
+from ndplan.core.cluster import DeviceSpec
+from ndplan.core.errors import InvalidInputError, NdplanError, PluginError
+from ndplan.core.ports import Exporter, ModelReader, missing_members
 from ndplan.plugins.manager import PluginInfo, make_plugin_manager, plugin_modules_from_env
 from ndplan.plugins.registry import Registry, RuleList
 
+
+def _instance_of(cls: type, what: str) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        if isinstance(value, cls):
+            return None
+        return f"is a {type(value).__name__}, not {what}"
+
+    return check
+
+
+def _port(port: type) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        missing = missing_members(value, port)
+        if not missing:
+            return None
+        return f"lacks {', '.join(missing)} of the {port.__name__} port"
+
+    return check
+
+
+def _factory(makes: str) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        if callable(value):
+            return None
+        return (
+            f"is a {type(value).__name__}, not a factory: register a callable that returns {makes}"
+        )
+
+    return check
+
+
+# attribute → (kind, hook, what a registered value must be)
 REGISTRIES = {
-    "devices": ("device", "ndplan_register_devices"),
-    "presets": ("model preset", "ndplan_register_presets"),
-    "readers": ("model reader", "ndplan_register_model_readers"),
-    "memory_models": ("memory model", "ndplan_register_memory_models"),
-    "cost_models": ("cost model", "ndplan_register_cost_models"),
-    "knapsack_solvers": ("knapsack solver", "ndplan_register_knapsack_solvers"),
-    "executors": ("executor", "ndplan_register_executors"),
-    "debug_sinks": ("debug sink", "ndplan_register_debug_sinks"),
-    "exporters": ("export format", "ndplan_register_exporters"),
+    "devices": (
+        "device",
+        "ndplan_register_devices",
+        _instance_of(DeviceSpec, "a DeviceSpec (ndplan.core.cluster)"),
+    ),
+    "presets": (
+        "model preset",
+        "ndplan_register_presets",
+        _factory("the preset's config.json-shaped dict"),
+    ),
+    "readers": ("model reader", "ndplan_register_model_readers", _port(ModelReader)),
+    "memory_models": ("memory model", "ndplan_register_memory_models", _factory("a MemoryModel")),
+    "cost_models": ("cost model", "ndplan_register_cost_models", _factory("a CostModel")),
+    "knapsack_solvers": (
+        "knapsack solver",
+        "ndplan_register_knapsack_solvers",
+        _factory("a KnapsackSolver"),
+    ),
+    "executors": ("executor", "ndplan_register_executors", _factory("an Executor")),
+    "debug_sinks": ("debug sink", "ndplan_register_debug_sinks", _factory("a DebugSink")),
+    "exporters": ("export format", "ndplan_register_exporters", _port(Exporter)),
 }
 
 
@@ -46,6 +93,8 @@ class Components:
     """Importable plugin modules this run loaded (workers load the same ones)."""
     disabled: tuple[str, ...] = ()
     device_files: tuple[str, ...] = field(default_factory=tuple)
+    in_process: tuple[str, ...] = ()
+    """Plugins passed as objects (``extra=``): no worker process can load them."""
 
 
 def _call(pm, hook_name: str, registry) -> None:
@@ -76,8 +125,8 @@ def bootstrap(
     pm, infos = make_plugin_manager(
         modules=modules, disabled=disabled, entry_points=entry_points, extra=extra
     )
-    regs = {attr: Registry(kind) for attr, (kind, _) in REGISTRIES.items()}
-    for attr, (_, hook_name) in REGISTRIES.items():
+    regs = {attr: Registry(kind, check) for attr, (kind, _, check) in REGISTRIES.items()}
+    for attr, (_, hook_name, _) in REGISTRIES.items():
         _call(pm, hook_name, regs[attr])
     rules = RuleList()
     _call(pm, "ndplan_register_refusal_rules", rules)
@@ -104,4 +153,28 @@ def bootstrap(
         plugin_modules=modules,
         disabled=tuple(sorted(disabled or ())),
         device_files=files,
+        in_process=tuple(i.name for i in infos if i.source == "in-process"),
     )
+
+
+def create(registry: Registry, name: str, port: type, *args: object) -> Any:
+    """Make the component ``name`` with its registered factory: a factory that raises, or
+    makes something without the port's members, is a plugin error naming the plugin."""
+    factory = registry.get(name)
+    plugin = registry.entry(name).plugin
+    try:
+        made = factory(*args)
+    except NdplanError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"{registry.kind} '{name}' (from '{plugin}') could not be created: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    missing = missing_members(made, port)
+    if missing:
+        raise PluginError(
+            f"{registry.kind} '{name}' (from '{plugin}') made a {type(made).__name__} that "
+            f"lacks {', '.join(missing)} of the {port.__name__} port"
+        )
+    return made

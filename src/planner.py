@@ -14,7 +14,7 @@ from pathlib import Path
 from ndplan.adapters.devices.calibration import check_calibration_names, load_calibration
 from ndplan.adapters.executors.faults import GuardedPricing, guarded_rule
 from ndplan.adapters.readers.resolve import load_model
-from ndplan.bootstrap import Components, bootstrap
+from ndplan.bootstrap import Components, bootstrap, create
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.balance import balance as run_balance
 from ndplan.core.calibration import Calibration
@@ -24,7 +24,6 @@ from ndplan.core.errors import (
     BaselineError,
     InfeasibleError,
     InvalidInputError,
-    PluginError,
     field_error,
 )
 from ndplan.core.frameworks import FRAMEWORKS
@@ -39,7 +38,7 @@ from ndplan.core.layout import (
 )
 from ndplan.core.model import ModelSpec, MoEFFN
 from ndplan.core.plan import BalanceResult, Baseline, Plan, SearchResult
-from ndplan.core.ports import DebugSink, Executor
+from ndplan.core.ports import CostModel, DebugSink, Executor, KnapsackSolver, MemoryModel
 from ndplan.core.pricing import Pricer
 from ndplan.core.search import (
     SearchHooks,
@@ -119,9 +118,11 @@ class Planner:
         opts = options or PricingOptions()
         comps = self.components
         # Factory signatures are documented on the registration hooks.
-        memory = _create(comps.memory_models, opts.memory_model)
-        cost = _create(comps.cost_models, opts.cost_model, ctx.calibration)
-        solver = _create(comps.knapsack_solvers, opts.knapsack_solver, opts.bucket_bytes)
+        memory = create(comps.memory_models, opts.memory_model, MemoryModel)
+        cost = create(comps.cost_models, opts.cost_model, CostModel, ctx.calibration)
+        solver = create(
+            comps.knapsack_solvers, opts.knapsack_solver, KnapsackSolver, opts.bucket_bytes
+        )
         return Pricer(ctx, memory, cost, solver)
 
     # ------------------------------------------------------------------ one layout
@@ -241,6 +242,14 @@ class Planner:
         recipe = None
         task = None
         if executor is not None and getattr(executor, "name", "") != "serial":
+            if self.components.in_process:
+                # Workers rebuild the components from module names; an object handed to
+                # bootstrap(extra=...) would be missing there, and the ranking silently differ.
+                raise InvalidInputError(
+                    f"in-process plugins ({', '.join(self.components.in_process)}) do not reach "
+                    f"the '{executor.name}' executor's workers; register them from an "
+                    "importable module (bootstrap(plugins=['module'])) or search serially"
+                )
             from ndplan.adapters.executors.worker import SearchRecipe, SharedAnalyses, run_task
 
             recipe = SearchRecipe(
@@ -403,14 +412,3 @@ def check_precision(ctx: PricingContext) -> None:
             f"device and an fp8, MXFP8 or fp4 recipe, not {ctx.device.id} in "
             f"{ctx.settings.precision}; drop --moe-fused-grouped-mlp"
         )
-
-
-def _create(registry, name: str, *args):
-    factory = registry.get(name)
-    try:
-        return factory(*args)
-    except Exception as exc:
-        plugin = registry.entry(name).plugin
-        raise PluginError(
-            f"{registry.kind} '{name}' (from '{plugin}') could not be created: {type(exc).__name__}: {exc}"
-        ) from None

@@ -21,7 +21,7 @@ from ndplan import __version__
 from ndplan.core.errors import ExitCode, NdplanError
 
 from . import compare, estimate, info, interrupts, models, output, search, sweep
-from .options import state
+from .options import State, state
 
 
 def _usage_error_types() -> tuple[type[BaseException], ...]:
@@ -189,9 +189,10 @@ def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; never raises (NDPLAN_DEBUG=1 adds tracebacks)."""
     debug = os.environ.get("NDPLAN_DEBUG") == "1"
     argv = hoist_root_flags(join_vary_words(list(sys.argv[1:] if argv is None else argv)))
+    run_state = State()  # kept here: a failure is traced to the plugins this run loaded
     try:
         with interrupts.guarded():
-            result = app(args=argv, prog_name="ndplan", standalone_mode=False)
+            result = app(args=argv, prog_name="ndplan", standalone_mode=False, obj=run_state)
             interrupts.check()  # a Ctrl-C that a C callback swallowed on the way
     except typer.Exit as exc:
         # Fix: typer turns Ctrl-C into Exit(130) (from the KeyboardInterrupt), which
@@ -224,6 +225,15 @@ def run(argv: list[str] | None = None) -> int:
             return _fail("interrupted", ExitCode.INTERRUPTED)
         if debug:  # the traceback, but still the documented code (not Python's 1)
             traceback.print_exc()
+        # Code a plugin supplied (a cost model's method, a sink's write) raised outside the
+        # search's own per-candidate guard: the plugin's fault (exit 4), named.
+        from ndplan.adapters.executors.faults import plugin_origin
+
+        owner = plugin_origin(exc, run_state.loaded_plugin_modules())
+        if owner is not None:
+            return _fail(
+                f"plugin '{owner}' raised {type(exc).__name__}: {exc}", ExitCode.PLUGIN_ERROR
+            )
         return _fail(
             f"internal error: {type(exc).__name__}: {exc} (rerun with NDPLAN_DEBUG=1 "
             "for a traceback)",

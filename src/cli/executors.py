@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from ndplan.bootstrap import create
 from ndplan.core.errors import InvalidInputError, PluginError
 from ndplan.core.ports import Executor
 
@@ -111,8 +112,12 @@ def open_executor(
             f"cores; -j {cores} or fewer is faster",
             warning=True,
         )
-    executor = registry.get(chosen)(
-        count, {"ray_address": ray_address, "plugins": tuple(state.plugins)}
+    executor = create(
+        registry,
+        chosen,
+        Executor,
+        count,
+        {"ray_address": ray_address, "plugins": tuple(state.plugins)},
     )
     try:
         yield executor

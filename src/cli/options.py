@@ -32,6 +32,10 @@ class State:
     verbosity: int = 0
     _components: dict[tuple, Components] = field(default_factory=dict)
 
+    def loaded_plugin_modules(self) -> tuple[str, ...]:
+        """The importable plugin modules the components built so far loaded."""
+        return tuple(dict.fromkeys(m for c in self._components.values() for m in c.plugin_modules))
+
     def components(self, device_files: list[Path] | None = None) -> Components:
         key = tuple(str(p) for p in device_files or ())
         if key not in self._components:

@@ -13,6 +13,7 @@ import yaml
 from pydantic import ValidationError
 from rich.text import Text
 
+from ndplan.bootstrap import create
 from ndplan.core.errors import (
     BaselineError,
     InfeasibleError,
@@ -23,6 +24,7 @@ from ndplan.core.errors import (
 from ndplan.core.frameworks import FrameworkTraits
 from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label, parse_layout_label
 from ndplan.core.plan import Plan, SearchResult, largest_difference
+from ndplan.core.ports import DebugSink
 from ndplan.core.search import FIELDS, SearchOutcome
 from ndplan.planner import REBALANCE_CONFLICT, PricingOptions
 
@@ -739,7 +741,8 @@ def search_cmd(
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
         # it is opened, and a sink that needs a folder says so (exit 3).
         if debug_dir is not None or debug_sink:
-            sinks = [planner.components.debug_sinks.get(n)() for n in debug_sink or ["csv"]]
+            registry = planner.components.debug_sinks
+            sinks = [create(registry, n, DebugSink) for n in debug_sink or ["csv"]]
             if debug_dir is not None:
                 _check_debug_dir(debug_dir, sinks, force)
             for sink in sinks:

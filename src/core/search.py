@@ -494,12 +494,15 @@ def _refused_by_rule(
     out: Enumeration,
     record: bool,
 ) -> bool:
-    """Whether a plugged-in refusal rule refuses the candidate (counted under its name)."""
+    """Whether a plugged-in refusal rule refuses the candidate (counted under its name;
+    recorded with the reason it gave)."""
     for name, rule in rules:
-        if rule(candidate_layout(c, splits), ctx):
+        reason = rule(candidate_layout(c, splits), ctx)
+        if reason:
             out.refused[name] += 1
             if record:
-                out.refusals.append((candidate_dict(c), name))
+                detail = name if reason == name else f"{name}: {reason}"
+                out.refusals.append((candidate_dict(c), detail))
             return True
     return False
 

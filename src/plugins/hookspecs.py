@@ -82,8 +82,9 @@ def ndplan_register_refusal_rules(registry):
     """Contribute extra refusal rules, checked after the built-in ones.
 
     :param registry: ``registry.add(name, rule)`` where ``rule(layout, context)``
-        returns a reason string to refuse the candidate, or None. The name is the
-        refusal reason counted in the summary.
+        returns a reason string to refuse the candidate, or None (anything else is a
+        plugin error). The name is the refusal reason counted in the summary; the debug
+        sinks record ``name: reason``.
     """
 
 

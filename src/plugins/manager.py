@@ -65,7 +65,9 @@ def make_plugin_manager(
         try:
             pm.register(plugin, name=name)
         except Exception as exc:  # pluggy validates hook names and signatures
-            raise PluginError(f"plugin '{name}' ({source}) could not register: {exc}") from None
+            # pluggy's message spans lines (plugin, hookimpl, arguments): errors are one line.
+            detail = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+            raise PluginError(f"plugin '{name}' ({source}) could not register: {detail}") from None
         sources[name] = source
 
     register(builtin, BUILTIN_NAME, "builtin")

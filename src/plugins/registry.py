@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -37,16 +37,22 @@ class Registry(Generic[T]):
     whom it replaced.
     """
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, check: Callable[[object], str | None] | None = None) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
         self._aliases: dict[str, str] = {}
         self.current_plugin = "?"
+        self._check = check
+        """What is wrong with a value of this registry's kind, or None: a wrong value
+        is refused where it is registered, naming the plugin, not where it is first used."""
 
     def add(
         self, name: str, value: T, *, replace: bool = False, aliases: tuple[str, ...] = ()
     ) -> None:
         plugin = self.current_plugin
+        problem = self._check(value) if self._check is not None else None
+        if problem is not None:
+            raise PluginError(f"{self.kind} '{name}' from '{plugin}' {problem}")
         old = self._entries.get(name)
         if old is not None:
             if old.replace and not replace:

@@ -67,6 +67,28 @@ class FakeAccelPlugin:
         registry.add("fake-no-odd-tp", refuse_odd_tp)
 
 
+class StubReader:
+    """The ModelReader port's members, reading nothing."""
+
+    name = "every-reader"
+
+    def can_read(self, path):
+        return False
+
+    def read(self, path, recorder):
+        raise NotImplementedError
+
+
+class StubExporter:
+    """The Exporter port's members."""
+
+    name = "every-export"
+    suffix = ".txt"
+
+    def render(self, plan, model):
+        return ""
+
+
 class EveryHookPlugin:
     """Implements every hook; each adds one uniquely named component."""
 
@@ -80,7 +102,7 @@ class EveryHookPlugin:
 
     @hookimpl
     def ndplan_register_model_readers(self, registry):
-        registry.add("every-reader", object())
+        registry.add("every-reader", StubReader())
 
     @hookimpl
     def ndplan_register_memory_models(self, registry):
@@ -108,7 +130,7 @@ class EveryHookPlugin:
 
     @hookimpl
     def ndplan_register_exporters(self, registry):
-        registry.add("every-export", object())
+        registry.add("every-export", StubExporter())
 
 
 def _spec_names() -> list[str]:
@@ -148,7 +170,7 @@ def test_an_in_process_plugin_adds_a_device_and_a_refusal_rule() -> None:
 def test_every_hook_feeds_its_registry() -> None:
     comps = bootstrap(extra=[EveryHookPlugin()], entry_points=False)
 
-    for attr, (_, hook_name) in REGISTRIES.items():
+    for attr, (_, hook_name, _) in REGISTRIES.items():
         registry = getattr(comps, attr)
         mine = [e.name for e in registry.entries() if e.plugin == "EveryHookPlugin"]
         assert len(mine) == 1, f"{hook_name} added nothing to {attr}"

@@ -97,14 +97,28 @@ def guarded_rule(name: str, rule: Callable[..., Any], plugins: Iterable[str]) ->
 
     def judge(layout, ctx):
         try:
-            return rule(layout, ctx)
+            reason = rule(layout, ctx)
         except NdplanError:
             raise
         except Exception as exc:
             what = f"refusal rule '{name}' on layout {layout.label}"
             raise classify(exc, what, plugins) from exc
+        if reason is not None and not isinstance(reason, str):
+            # A rule that answers 42 or True would refuse silently with no reason to show.
+            owner = plugin_origin_of(rule, plugins) or name
+            raise PluginError(
+                f"refusal rule '{name}' (plugin '{owner}') returned a "
+                f"{type(reason).__name__} for layout {layout.label}; return a reason string "
+                "to refuse, or None"
+            )
+        return reason
 
     return judge
+
+
+def plugin_origin_of(fn: Callable[..., Any], plugins: Iterable[str]) -> str | None:
+    """The plugin module that defines ``fn``, if any."""
+    return _owner(str(getattr(fn, "__module__", "")), (*plugins, *entry_point_modules()))
 
 
 class GuardedPricing(SearchPricing):
