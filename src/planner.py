@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ndplan.adapters.devices.calibration import check_calibration_names, load_calibration
 from ndplan.adapters.executors.faults import GuardedPricing, guarded_rule
 from ndplan.adapters.readers.resolve import load_model
@@ -100,11 +102,15 @@ class Planner:
     ) -> PricingContext:
         opts = options or PricingOptions()
         capacity = int(opts.max_mem_gib * GiB) if opts.max_mem_gib is not None else None
+        try:
+            cluster = Cluster(
+                device=device, num_devices=num_devices, devices_per_node=devices_per_node
+            )
+        except ValidationError as exc:
+            raise InvalidInputError(field_error(exc)) from None
         return PricingContext(
             model=model,
-            cluster=Cluster(
-                device=device, num_devices=num_devices, devices_per_node=devices_per_node
-            ),
+            cluster=cluster,
             job=job,
             recorder=recorder or AssumptionRecorder(),
             calibration=self.calibration(opts.calibration),

@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 from pydantic import ValidationError
 
+from ndplan.adapters.yamlfile import read_yaml_file
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.cluster import DeviceSpec
 from ndplan.core.errors import InvalidInputError, did_you_mean, error_field, field_error
 from ndplan.core.job import Job
+from ndplan.core.layout import Layout
 from ndplan.core.units import GiB
 from ndplan.planner import Planner, PricingOptions
 
@@ -214,12 +215,7 @@ FILE_JOB_FIELDS = tuple(f for f in Job.model_fields if f not in ("global_batch_s
 def read_yaml(path: Path, what: str) -> Any:
     """A user's YAML/JSON file (``what``: "job", "sweep", ...), or one line saying why not;
     None when it is empty."""
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InvalidInputError(f"{path}: cannot read the {what} file ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise InvalidInputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    return read_yaml_file(path, what)
 
 
 def load_job_file(path: Path) -> dict[str, Any]:
@@ -329,6 +325,22 @@ SP_AT_TP_1 = (
     "TP group); priced without it"
 )
 """Said by search and estimate when --sp comes with TP fixed at 1 (Megatron drops it too)."""
+
+
+def a2a_overlap_inapplicable(layout: Layout) -> str | None:
+    """Why Megatron's combined 1F1B schedule (``--moe-a2a-overlap``) does nothing for
+    ``layout``, or None where it runs: it pairs the EP all-to-alls of one micro-batch with
+    another's compute, so it needs EP, and a pipeline that interleaves (or one stage);
+    full recompute re-runs each layer whole, with nothing to pair."""
+    if layout.ep == 1:
+        return "there is no expert parallelism (ep 1)"
+    if layout.schedule == "dualpipev":
+        return "DualPipeV pairs its own micro-batches"
+    if layout.pp > 1 and layout.schedule != "interleaved":
+        return "the pipeline does not interleave (give --vpp)"
+    if layout.recompute == "full":
+        return "every layer is recomputed whole (--recompute full)"
+    return None
 
 
 def check_memory_budget(max_mem_gib: float | None, device: DeviceSpec) -> None:

@@ -42,6 +42,7 @@ from .common import (
     SeqOpt,
     TpOverlapOpt,
     WgradDeferralLimitOpt,
+    a2a_overlap_inapplicable,
     build_context,
 )
 from .options import DeviceFiles, Json, Strict, state
@@ -314,6 +315,8 @@ def _layout_command(
     if sp and layout.tp == 1:  # as Megatron does, with a word
         note(SP_AT_TP_1, warning=True)
         layout = layout.model_copy(update={"sp": False})  # the layout as priced
+    if moe_a2a_overlap and (why := a2a_overlap_inapplicable(layout)):
+        note(f"warning: --moe-a2a-overlap has no effect: {why}; priced without it", warning=True)
     if balancing:
         if memory_mode != "ndplan":
             raise InvalidInputError(

@@ -131,7 +131,9 @@ def devices(ctx: typer.Context, as_json: Json = False, device_file: DeviceFiles 
 
 
 def schema(
-    name: Annotated[str | None, typer.Argument(help="A model name; all when omitted.")] = None,
+    name: Annotated[
+        str | None, typer.Argument(help="A schema name (e.g. Layout, Job, Plan); all when omitted.")
+    ] = None,
 ) -> None:
     """Print the JSON schema of the inputs and results.
 

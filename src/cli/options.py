@@ -10,6 +10,8 @@ import typer
 
 from ndplan.bootstrap import Components, bootstrap
 
+from .output import note
+
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 DeviceFiles = Annotated[
     list[Path] | None,
@@ -39,7 +41,14 @@ class State:
     def components(self, device_files: list[Path] | None = None) -> Components:
         key = tuple(str(p) for p in device_files or ())
         if key not in self._components:
-            self._components[key] = bootstrap(plugins=self.plugins, device_files=key)
+            comps = self._components[key] = bootstrap(plugins=self.plugins, device_files=key)
+            for entry in comps.devices.entries():
+                if entry.plugin.startswith("device-file:") and entry.replaced is not None:
+                    # Meant or not, a -d that named the built-in part now means the file's.
+                    file = entry.plugin.removeprefix("device-file:")
+                    note(
+                        f"note: {file}: device '{entry.name}' replaces the one from '{entry.replaced}'"
+                    )
         return self._components[key]
 
 

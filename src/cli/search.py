@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -732,12 +734,24 @@ def search_cmd(
         )
         if sp and space.tp == (1,):  # as Megatron does, with a word
             note(SP_AT_TP_1, warning=True)
+        if moe_a2a_overlap and (not pctx.model.is_moe or space.ep == (1,)):
+            note(
+                "warning: --moe-a2a-overlap has no effect: there is no expert parallelism "
+                f"({'a dense model' if not pctx.model.is_moe else 'ep 1'}); priced without it",
+                warning=True,
+            )
+        if baseline is not None and not baseline.strip():
+            raise InvalidInputError(
+                "--baseline: empty; give degrees as tp=4,pp=8,vpp=5, a layout as ndplan prints "
+                "it or a file, or leave the flag out"
+            )
         if baseline and rebalance:  # refused before the search runs
             raise InvalidInputError(
                 "--baseline: " + REBALANCE_CONFLICT.format(rebalancing="--rebalance")
             )
         stated = baseline_values(baseline, pctx.job.global_batch_size) if baseline else None
         sinks = []
+        made_debug_dir = False
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
         # it is opened, and a sink that needs a folder says so (exit 3).
         if debug_dir is not None or debug_sink:
@@ -745,6 +759,7 @@ def search_cmd(
             sinks = [create(registry, n, DebugSink) for n in debug_sink or ["csv"]]
             if debug_dir is not None:
                 _check_debug_dir(debug_dir, sinks, force)
+                made_debug_dir = not debug_dir.exists()
             for sink in sinks:
                 try:
                     sink.open(debug_dir)
@@ -758,7 +773,10 @@ def search_cmd(
             for sink in sinks:
                 sink.close()
 
-        with progress_reporter() as report:
+        with (
+            progress_reporter() as report,
+            _dropped_if_empty(debug_dir if made_debug_dir else None),
+        ):
             try:
                 outcome = planner.search(
                     pctx,
@@ -826,6 +844,19 @@ def search_cmd(
             note(line)
 
 
+@contextlib.contextmanager
+def _dropped_if_empty(directory: Path | None) -> Iterator[None]:
+    """On failure, remove ``directory`` (one this run made) if nothing was written into it:
+    a search that stopped early leaves no empty folder behind."""
+    try:
+        yield
+    except BaseException:
+        if directory is not None:
+            with contextlib.suppress(OSError):  # not empty (records kept), or already gone
+                directory.rmdir()
+        raise
+
+
 def _check_debug_dir(directory: Path, sinks: list, force: bool) -> None:
     """Before the search: the folder is a folder, and the files the sinks name (a sink's
     ``files``, if it says) are not an earlier run's, unless --force."""
@@ -872,6 +903,8 @@ def baseline_values(text: str, global_batch: int) -> dict[str, int | bool | str]
                 raise InvalidInputError(
                     f"--baseline: '{item}' is not name=value; write e.g. tp=4,pp=8,vpp=5"
                 )
+            if key in data:  # tp=4,tp=2: which one did the user run?
+                raise InvalidInputError(f"--baseline: {key} is given twice; give it once")
             try:
                 data[key] = yaml.safe_load(value)
             except yaml.YAMLError:

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from .base import Frozen, PositiveInt
-from .units import GB, TFLOP, US, GiB
+from .units import GB, MAX_COUNT, TFLOP, US, GiB
 
 PrecisionName = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
 
@@ -117,7 +117,7 @@ class Cluster(Frozen):
     """The devices a job runs on."""
 
     device: DeviceSpec
-    num_devices: PositiveInt
+    num_devices: int = Field(ge=1, le=MAX_COUNT)
     """Devices in all, `N`."""
     devices_per_node: PositiveInt | None = None
     """Devices per node; the device type's figure when unset."""

@@ -11,8 +11,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from .assumptions import AssumptionRecorder
-from .base import Frozen, PositiveInt
+from .base import Frozen
 from .frameworks import traits_for
+from .units import MAX_COUNT
 
 Precision = Literal["bf16", "fp16", "fp8", "fp8-blockwise", "mxfp8", "fp4"]
 """Training recipes: bf16/fp16; fp8 with tensor-wise (delayed or current) scaling,
@@ -37,9 +38,9 @@ GEMM_PRECISION: dict[str, str] = {
 class Job(Frozen):
     """What to train: the batch and the numerics."""
 
-    global_batch_size: PositiveInt
+    global_batch_size: int = Field(ge=1, le=MAX_COUNT)
     """Sequences per optimizer step."""
-    seq_length: PositiveInt
+    seq_length: int = Field(ge=1, le=MAX_COUNT)
     """Tokens per sequence."""
     precision: Precision | None = None
     """GEMM recipe; bf16 when unstated."""

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from ndplan.adapters.yamlfile import read_yaml_file
 from ndplan.core.cluster import DeviceSpec
 from ndplan.core.errors import InvalidInputError, field_error
 
@@ -46,16 +47,7 @@ def parse_devices(data: Any, origin: str) -> list[DeviceSpec]:
 
 def load_device_file(path: Path) -> list[DeviceSpec]:
     """A user's YAML or JSON device file."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InvalidInputError(f"{path}: cannot read the device file ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InvalidInputError(
-            f"{path}: not valid YAML/JSON ({str(exc).splitlines()[0]})"
-        ) from None
+    data = read_yaml_file(path, "device", "YAML/JSON")
     devices = parse_devices(data, str(path))
     ids = [d.id for d in devices]
     twice = next((i for i in ids if ids.count(i) > 1), None)

@@ -78,7 +78,10 @@ def resolve_model(
     """Like :func:`load_model`, also saying whether a preset or a path was read."""
     if not name_or_path.strip():
         raise InvalidInputError("model: empty name; give a preset name or a config path")
-    path = Path(name_or_path).expanduser()
+    try:
+        path = Path(name_or_path).expanduser()
+    except RuntimeError:  # ~nobody/...: no such user, so no such file either (below)
+        path = Path(name_or_path)
     is_preset = name_or_path in components.presets
     if path.exists():
         found = _read_path(components, path, recorder)
