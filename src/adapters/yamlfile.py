@@ -39,11 +39,11 @@ def parse_yaml(text: str, origin: str, what: str = "YAML") -> Any:
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
-        first = " ".join(str(exc).split("\n")[0:1]) or type(exc).__name__
         if isinstance(exc, yaml.MarkedYAMLError) and exc.problem and exc.problem_mark:
-            line = exc.problem_mark.line + 1
-            first = f"{exc.problem} (line {line})"
-        raise InvalidInputError(f"{origin}: not valid {what}: {first}") from None
+            detail = f"{exc.problem} (line {exc.problem_mark.line + 1})"
+        else:
+            detail = str(exc).split("\n")[0] or type(exc).__name__
+        raise InvalidInputError(f"{origin}: not valid {what}: {detail}") from None
 
 
 def read_yaml_file(path: Path, what: str, kind: str = "YAML") -> Any:

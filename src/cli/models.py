@@ -213,6 +213,8 @@ def show(
     """
     recorder = AssumptionRecorder(strict=strict)
     resolved = resolve_model(state(ctx).components(), name_or_path, recorder)
+    # `ndplan models --json show X`: the group's --json asks for the same.
+    as_json = as_json or bool(ctx.parent is not None and ctx.parent.params.get("as_json"))
     if as_json:
         print_json(model_report(resolved, seq_len, recorder))
     else:

@@ -337,3 +337,11 @@ def test_resolver_accepts_a_plugin_preset_and_names_a_broken_one() -> None:
 def test_resolver_refuses_an_empty_name() -> None:
     with pytest.raises(InvalidInputError, match="empty"):
         load_model(bootstrap(entry_points=False), " ", AssumptionRecorder())
+
+
+def test_the_groups_json_flag_reaches_show(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = invoke(capsys, "models", "--json", "show", "llama-3-8b")
+    assert code == 0, err
+    code, same, err = invoke(capsys, "models", "show", "llama-3-8b", "--json")
+    assert code == 0, err
+    assert json.loads(out) == json.loads(same)
