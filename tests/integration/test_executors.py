@@ -172,3 +172,14 @@ def test_pool_workers_are_silent_and_errors_terminate_them(tasks, capfd) -> None
     assert not any(alive(p) for p in pids)
     with pytest.raises(InternalError, match="closed"):
         pool.map(tasks.echo, None, [1])
+
+
+@pytest.mark.slow
+def test_pool_raises_the_failure_of_the_earliest_chunk(tasks) -> None:
+    """The error a serial run meets first, whichever worker answered first."""
+    pool = PoolExecutor(2)
+    try:
+        with pytest.raises(InternalError, match="chunk from item 0 divides by zero"):
+            pool.map(tasks.fail_slow_then_fast, 0.5, list(range(10)))
+    finally:
+        pool.terminate()

@@ -227,6 +227,20 @@ def test_serial_plugin_failure_is_a_plugin_error(faulty, capsys, tmp_path: Path)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
+def test_the_error_line_does_not_depend_on_the_worker_count(faulty, capsys, tmp_path: Path) -> None:
+    # Many candidates fail; each worker's chunk fails at its own first. The line names the
+    # candidate a serial run meets first, however the workers raced.
+    lines = []
+    for jobs in ("1", "2"):
+        out = tmp_path / jobs / "r.csv"
+        code = run(["-p", "faulty_cost", "search", *SMALL, "-j", jobs, "--ranking-csv", str(out)])
+        assert code == 4
+        lines.append(one_line(capsys.readouterr().err))
+        assert not out.exists()
+    assert lines[0] == lines[1], lines
+
+
 def _raise_from(fn):
     try:
         fn()

@@ -55,3 +55,13 @@ def warmed(recipe, chunk):
     """Whether this worker had the knapsack kernels loaded before its first task."""
     numba_engine = sys.modules.get("ndplan.core.kernels._knapsack_nb")
     return [numba_engine is not None and bool(numba_engine.dp_choose.signatures) for _ in chunk]
+
+
+def fail_slow_then_fast(recipe, chunk):
+    """Raises on every chunk: the first chunk after a pause, the others at once, so a
+    later chunk's failure reaches the pool before the first's."""
+    import time
+
+    if chunk[0] == 0:
+        time.sleep(recipe)
+    raise ZeroDivisionError(f"chunk from item {chunk[0]} divides by zero")

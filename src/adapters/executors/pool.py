@@ -390,10 +390,17 @@ class PoolExecutor:
         results: list[Any] = [None] * len(chunks)
         todo = deque(range(len(chunks)))
         outstanding: list[deque[int]] = [deque() for _ in self._procs]
-        done = 0
-        while done < len(chunks):
+        finished: set[int] = set()
+        failed: dict[int, BaseException] = {}
+        while len(finished) < len(chunks):
+            if failed:
+                # The failure of the earliest chunk is raised, once every chunk before it has
+                # answered: the one a serial run meets first, whichever worker was quicker.
+                first = min(failed)
+                if all(i in finished for i in range(first)):
+                    raise failed[first]
             for w in range(len(self._procs)):
-                while todo and len(outstanding[w]) < MAX_OUTSTANDING:
+                while todo and not failed and len(outstanding[w]) < MAX_OUTSTANDING:
                     index = todo[0]
                     message = pickle.dumps(("task", index, digest, task, chunks[index]), PROTOCOL)
                     if outstanding[w] and len(message) > SMALL_MESSAGE:
@@ -425,10 +432,13 @@ class PoolExecutor:
                 except (EOFError, OSError):
                     raise self._died(w, self._holding(task, chunks, outstanding[w])) from None
                 outstanding[w].remove(index)
+                finished.add(index)
                 if status != "ok":
-                    raise error_from(value)
+                    failed[index] = error_from(value)
+                    continue
                 results[index] = value
-                done += 1
+        if failed:
+            raise failed[min(failed)]
         return results
 
     @staticmethod
