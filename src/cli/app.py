@@ -8,6 +8,7 @@ for malformed flags), 3 invalid input, 4 plugin error, 5 internal error,
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -139,6 +140,20 @@ def join_vary_words(argv: list[str]) -> list[str]:
     return out
 
 
+def expand_attached_home(argv: list[str]) -> list[str]:
+    """``--ranking-csv=~/r.csv`` as the shell reads ``--ranking-csv ~/r.csv``: a shell
+    expands ``~`` only at the start of a word, so the attached form reached ndplan as a
+    literal ``~`` and wrote into a folder of that name. An unknown user stays literal."""
+    out = []
+    for word in argv:
+        flag, sep, value = word.partition("=")
+        if sep and flag.startswith("--") and value.startswith("~"):
+            with contextlib.suppress(RuntimeError):  # ~nobody: left for the reader to refuse
+                word = f"{flag}={os.path.expanduser(value)}"
+        out.append(word)
+    return out
+
+
 ROOT_FLAG = re.compile(r"-(v+|q+)|--verbose|--quiet")
 """The root's verbosity flags as they may follow the command (``-qq`` counts twice)."""
 
@@ -188,7 +203,8 @@ def hoist_root_flags(argv: list[str]) -> list[str]:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code; never raises (NDPLAN_DEBUG=1 adds tracebacks)."""
     debug = os.environ.get("NDPLAN_DEBUG") == "1"
-    argv = hoist_root_flags(join_vary_words(list(sys.argv[1:] if argv is None else argv)))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = hoist_root_flags(join_vary_words(expand_attached_home(argv)))
     run_state = State()  # kept here: a failure is traced to the plugins this run loaded
     try:
         with interrupts.guarded():

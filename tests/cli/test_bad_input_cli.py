@@ -100,3 +100,15 @@ def test_a_device_file_replacing_a_builtin_part_says_so(capsys, tmp_path: Path) 
     err = capsys.readouterr().err
     assert code == 0, err
     assert f"{device}: device 'h100-sxm' replaces the one from 'ndplan.builtin'" in err
+
+
+def test_an_attached_home_path_means_what_the_shell_would_make_of_it(
+    capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--ranking-csv ~/r.csv` reaches ndplan expanded; `--ranking-csv=~/r.csv` does not.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "home").mkdir()
+    code = run(["-q", *SEARCH, "--ranking-csv=~/r.csv"])
+    assert code == 0, capsys.readouterr().err
+    assert (tmp_path / "home" / "r.csv").is_file() and not (tmp_path / "~").exists()
