@@ -975,6 +975,14 @@ def baseline_line(result: SearchResult) -> str:
         return f"baseline ({stated}): no layout with these degrees fits; {b.miss}"
     lay = b.plan.layout
     label = layout_label(lay.model_dump())
+    if b.rank == 1 and b.gap is not None and b.gap < 0:
+        # Faster than every layout searched: it lies outside the space (a schedule such as
+        # DualPipeV is searched only when asked for), so the table's best is not the best.
+        return (
+            f"baseline ({stated}): {label} is faster than every layout searched "
+            f"({b.plan.time.step_s:.3f} s, {100 * b.gap:+.1f} % against the best listed): it lies "
+            f"outside the search space; search with its values ({stated}) to rank it among them"
+        )
     if b.rank == 1:
         return f"baseline ({stated}): {label} is the best plan, {b.plan.time.step_s:.3f} s"
     best = result.plans[0]

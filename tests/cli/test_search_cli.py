@@ -1136,3 +1136,12 @@ def test_a_baseline_is_not_placed_among_rebalanced_plans(capsys, tmp_path: Path)
     outcome = planner.search(ctx, SearchSpace(recompute=("full",)), top_k=2, baseline={"tp": 2})
     with pytest.raises(BaselineError, match="not with rebalancing"):
         planner.rebalance(ctx, outcome.result)
+
+
+def test_a_baseline_outside_the_space_and_faster_is_not_called_the_best(capsys) -> None:
+    # --tp 8 fixes the space; the baseline's tp 1 lies outside it and beats all of it.
+    code, out, err = invoke(capsys, "search", *SMALL, "--tp", "8", "--baseline", "tp=1")
+    assert code == 0, err
+    (line,) = (x for x in out.splitlines() if x.startswith("baseline (tp=1)"))
+    assert "is faster than every layout searched" in line and "is the best plan" not in line
+    assert "outside the search space; search with its values (tp=1)" in line
