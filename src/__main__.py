@@ -1,6 +1,6 @@
 """``python -m ndplan``: the same command line as the ``ndplan`` script."""
 
-from ndplan.cli.app import main
+from ndplan.cli.launch import main
 
 if __name__ == "__main__":
     main()

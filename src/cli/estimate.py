@@ -327,14 +327,14 @@ def _layout_command(
         if as_json:
             print_json(result)
         else:
-            stdout.print(plan_report(pctx, plan, layout_flag=True))
+            stdout.print(plan_report(pctx, plan, layout_flag=True), crop=False)
             stdout.print(Text(balance_line(result, given=layers_per_chunk is not None)))
     else:
         plan = planner.estimate(pctx, layout, options)
         if as_json:
             print_json(plan)
         else:
-            stdout.print(plan_report(pctx, plan))
+            stdout.print(plan_report(pctx, plan), crop=False)
     warning = unfilled_pipeline_warning([plan])
     if warning:
         note(warning, warning=True)

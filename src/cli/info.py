@@ -142,6 +142,8 @@ def schema(
     if name is None:
         print_json({n: m.model_json_schema() for n, m in SCHEMAS.items()})
         return
+    # Any case, as model and device names: `ndplan schema layout` means Layout.
+    name = next((known for known in SCHEMAS if known.lower() == name.lower()), name)
     if name not in SCHEMAS:
         raise InvalidInputError(f"unknown schema '{name}' (known: {', '.join(SCHEMAS)})")
     write_stdout(json.dumps(SCHEMAS[name].model_json_schema(), indent=2) + "\n")

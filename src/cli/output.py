@@ -128,11 +128,16 @@ def table(
         pad_edge=False,
         min_width=cell_len(title) if title else None,
     )
-    for col in columns:
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    for k, col in enumerate(columns):
         name, justify = (col, "left") if isinstance(col, str) else col
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]
-    for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        # Right-aligned columns hold numbers: on a narrow terminal the text columns wrap
+        # first, rather than a step time cut to "5…". A number with a note ("79.9 (s1)")
+        # may break at its space.
+        whole = justify == "right" and not any(" " in row[k] for row in cells)
+        t.add_column(name, justify=justify, no_wrap=whole)  # type: ignore[arg-type]
+    for row in cells:
+        t.add_row(*row)
     return t
 
 

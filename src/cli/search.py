@@ -13,6 +13,8 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pydantic import ValidationError
+from rich.cells import cell_len
+from rich.console import Console
 from rich.text import Text
 
 from ndplan.bootstrap import create
@@ -363,34 +365,72 @@ def ranking_table(
                 shares(p),
             )
         )
-    out = table(
-        title,
-        [
-            ("#", "right"),
-            ("tp", "right"),
-            ("pp", "right"),
-            ("cp", "right"),
-            ("dp", "right"),
-            ("ep", "right"),
-            ("mbs×m", "right"),
-            ("zero", "right"),
-            "sp",
-            "offl",
-            "recompute",
-            ("peak GiB", "right"),
-            ("step s", "right"),
-            ("tok/s/dev", "right"),
-            ("MFU", "right"),
-            "time shares %",
-        ],
-        rows,
-    )
+    columns = [
+        ("#", "right"),
+        ("tp", "right"),
+        ("pp", "right"),
+        ("cp", "right"),
+        ("dp", "right"),
+        ("ep", "right"),
+        ("mbs×m", "right"),
+        ("zero", "right"),
+        "sp",
+        "offl",
+        "recompute",
+        ("peak GiB", "right"),
+        ("step s", "right"),
+        ("tok/s/dev", "right"),
+        ("MFU", "right"),
+        "time shares %",
+    ]
+    names = [c if isinstance(c, str) else c[0] for c in columns]
+    dropped: list[str] = []
+    out = table(title, columns, rows)
+    # A narrow terminal: leave out the text columns, widest first, rather than cut every
+    # number to "5…" (the best plan's report below and --json carry them all).
+    # Then columns with nothing in them (ep of a dense model).
+    empty = [n for k, n in enumerate(names) if all(r[k] in ("", None) for r in rows)]
+    for name in (*NARROW_DROPS, *(n for n in empty if n not in NARROW_DROPS)):
+        keep = [k for k, n in enumerate(names) if n not in dropped]
+        if _readable_width([columns[k] for k in keep], [[r[k] for k in keep] for r in rows]) <= (
+            stdout.width
+        ):
+            break
+        dropped.append(name)
+    if dropped:
+        keep = [k for k, n in enumerate(names) if n not in dropped]
+        out = table(title, [columns[k] for k in keep], [[r[k] for k in keep] for r in rows])
+    captions = []
+    if dropped:
+        captions.append(f"left out at this width: {', '.join(dropped)} (--json has them)")
     if extra:
         out.rows[len(plans) - 1].end_section = True
     if any(p.layout.layers_per_stage is not None for p in (*plans, *extra)):
-        out.caption = UNEVEN_NOTE + "; --json gives layout.layers_per_stage"
+        captions.append(UNEVEN_NOTE + "; --json gives layout.layers_per_stage")
+    if captions:
+        out.caption = "\n".join(captions)
         out.caption_justify = "left"
     return out
+
+
+NARROW_DROPS = ("time shares %", "recompute", "offl", "sp")
+"""The ranking's columns a narrow terminal goes without, in order."""
+
+TEXT_COLUMN_MIN = 18
+"""Columns of words (recompute, time shares) wrap, but below this many cells they become
+a tower of fragments."""
+
+
+def _readable_width(columns: list, rows: list[list[Any]]) -> int:
+    """The width the table needs to show every number whole and its text columns at no
+    less than ``TEXT_COLUMN_MIN`` cells: measured by rendering it so, unconstrained."""
+    probe = table(None, columns, rows)
+    for col in probe.columns:
+        if col.justify != "right":
+            col.max_width = TEXT_COLUMN_MIN
+    console = Console(file=io.StringIO(), width=10_000, highlight=False)
+    console.print(probe)
+    return max(cell_len(line) for line in console.file.getvalue().splitlines())
 
 
 def summary_line(result: SearchResult) -> str:
@@ -832,7 +872,7 @@ def search_cmd(
             chosen = result.plans[explain - 1]
             title = "best plan:" if explain == 1 else f"plan {explain}:"
             stdout.print(Text(title, style="bold"))
-            stdout.print(plan_report(pctx, chosen))
+            stdout.print(plan_report(pctx, chosen), crop=False)
         for warning in (
             never_tried_warning(result, pctx.cluster.num_devices, pctx.job.global_batch_size),
             unfilled_pipeline_warning(result.plans),

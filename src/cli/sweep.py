@@ -22,7 +22,7 @@ from rich.text import Text
 from ndplan.core.assumptions import AssumptionRecorder
 from ndplan.core.errors import ExitCode, InvalidInputError, did_you_mean
 from ndplan.core.frameworks import traits_for
-from ndplan.core.units import GiB
+from ndplan.core.units import MAX_COUNT, GiB
 from ndplan.planner import Planner
 from ndplan.sweep import ROW_FIELDS, Scenario, SweepRecipe, run_sweep
 
@@ -98,6 +98,8 @@ def _values(key: str, value: Any, where: str) -> list[Any]:
     for v in values:
         if kind is int and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise InvalidInputError(f"{where}{key}: expected positive integers, got {v!r}")
+        if kind is int and v > MAX_COUNT:  # a typo, refused before any scenario runs
+            raise InvalidInputError(f"{where}{key}: at most {MAX_COUNT:,}, got {v:,}")
         if kind is str and not isinstance(v, str | int | float):
             raise InvalidInputError(f"{where}{key}: expected names, got {v!r}")
         out.append(kind(v))

@@ -786,3 +786,33 @@ def test_layers_per_chunk_that_cannot_be_placed_are_refused(
     code, out, err = invoke(capsys, *PP16, *extra, "--layers-per-chunk", value)
     assert code == ExitCode.INVALID_INPUT and out == ""
     assert says in one_error_line(err)
+
+
+def test_the_megatron_layout_flag_stays_one_line_on_a_narrow_terminal(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(output.stdout, "_width", 40)
+    chunks = "3,1" + ",2" * 14
+    code = run(
+        [
+            "estimate",
+            "-m",
+            "llama-3-8b",
+            "-d",
+            "h100",
+            "-n",
+            "8",
+            "--gbs",
+            "16",
+            "-s",
+            "2048",
+            "--pp",
+            "8",
+            "--vpp",
+            "2",
+            "--layers-per-chunk",
+            chunks,
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    expected = '--pipeline-model-parallel-layout "Ettt|t' + "|tt" * 14 + 'L"'
+    assert any(line.endswith(expected) for line in out.splitlines()), out

@@ -73,8 +73,9 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == f"ndplan {__version__}\n"
 
 
-def test_a_known_schema_prints_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["schema", "Layout"]) == ExitCode.OK
+@pytest.mark.parametrize("name", ["Layout", "layout"])
+def test_a_known_schema_prints_json(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    assert run(["schema", name]) == ExitCode.OK
     assert json.loads(capsys.readouterr().out)["title"] == "Layout"
 
 

@@ -1145,3 +1145,19 @@ def test_a_baseline_outside_the_space_and_faster_is_not_called_the_best(capsys) 
     (line,) = (x for x in out.splitlines() if x.startswith("baseline (tp=1)"))
     assert "is faster than every layout searched" in line and "is the best plan" not in line
     assert "outside the search space; search with its values (tp=1)" in line
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_a_narrow_terminal_keeps_the_rankings_numbers_whole(capsys, monkeypatch, width) -> None:
+    monkeypatch.setattr(output.stdout, "_width", width)
+    code, out, err = invoke(capsys, "search", *SMALL, "-t", "3")
+    assert code == 0, err
+    lines = out.splitlines()
+    top = lines.index(next(x for x in lines if x.startswith("┏")))
+    ranking = lines[top : lines.index(next(x for x in lines[top:] if x.startswith("└"))) + 1]
+    assert all(len(x) <= width for x in ranking)
+    assert not any("…" in x for x in ranking), "\n".join(ranking)
+    assert "left out at this width: time shares %" in out
+    plans = search_json(capsys, *SMALL, "-t", "3")["plans"]
+    for plan in plans:  # every step time is printed whole
+        assert f"{plan['time']['step_s']:.3f}" in out

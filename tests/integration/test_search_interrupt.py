@@ -110,3 +110,21 @@ def test_ctrl_c_that_python_drops_still_stops_the_search(tmp_path: Path) -> None
     assert not ranking.exists()
     assert not [p for p in debug.rglob("*")], "a debug file was written"
     assert not no_temporaries(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after_s", [0.15, 0.3])
+def test_ctrl_c_while_the_cli_starts_up_is_one_line_and_130(after_s: float) -> None:
+    """The imports take about half a second; a Ctrl-C among them was an import traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from ndplan.cli.launch import main; main()", *LONG],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=cli_env(),
+        preexec_fn=default_sigint,
+    )
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert out == b"" and err.decode().strip() == "ndplan: error: interrupted", err
