@@ -315,6 +315,14 @@ def _layout_command(
     if sp and layout.tp == 1:  # as Megatron does, with a word
         note(SP_AT_TP_1, warning=True)
         layout = layout.model_copy(update={"sp": False})  # the layout as priced
+    if layout.tp > (domain := pctx.cluster.scale_up_domain):
+        # Priced as asked (its all-reduces over the network), but search would not offer it.
+        note(
+            f"warning: tp {layout.tp} spans more than the {pctx.device.id}'s scale-up domain "
+            f"({domain} devices): its collectives cross the network; search refuses such TP "
+            f"unless given --max-tp {layout.tp}",
+            warning=True,
+        )
     if moe_a2a_overlap and (why := a2a_overlap_inapplicable(layout)):
         note(f"warning: --moe-a2a-overlap has no effect: {why}; priced without it", warning=True)
     if balancing:

@@ -112,3 +112,14 @@ def test_an_attached_home_path_means_what_the_shell_would_make_of_it(
     code = run(["-q", *SEARCH, "--ranking-csv=~/r.csv"])
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "home" / "r.csv").is_file() and not (tmp_path / "~").exists()
+
+
+def test_estimate_says_when_tp_spans_beyond_the_scale_up_domain(capsys) -> None:
+    problem = ("-m", "llama-3-70b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "8192")
+    code = run(["estimate", *problem, "--tp", "16", "--pp", "4"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "warning: tp 16 spans more than the h100-sxm's scale-up domain (8 devices)" in err
+    assert "unless given --max-tp 16" in err
+    code = run(["estimate", *problem, "--tp", "8", "--pp", "4"])
+    assert code == 0 and "scale-up domain" not in capsys.readouterr().err
