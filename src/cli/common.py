@@ -327,6 +327,10 @@ SP_AT_TP_1 = (
 """Said by search and estimate when --sp comes with TP fixed at 1 (Megatron drops it too)."""
 
 
+A2A_OVERLAP_IDLE = "warning: --moe-a2a-overlap has no effect: {}; priced without it"
+"""Said by search and estimate where Megatron's combined 1F1B schedule cannot run."""
+
+
 def a2a_overlap_inapplicable(layout: Layout) -> str | None:
     """Why Megatron's combined 1F1B schedule (``--moe-a2a-overlap``) does nothing for
     ``layout``, or None where it runs: it pairs the EP all-to-alls of one micro-batch with

@@ -16,6 +16,7 @@ from ndplan.core.plan import BalanceResult, Plan
 from ndplan.planner import PricingOptions
 
 from .common import (
+    A2A_OVERLAP_IDLE,
     SP_AT_TP_1,
     ActivationOffloadOpt,
     AttentionOpt,
@@ -324,7 +325,7 @@ def _layout_command(
             warning=True,
         )
     if moe_a2a_overlap and (why := a2a_overlap_inapplicable(layout)):
-        note(f"warning: --moe-a2a-overlap has no effect: {why}; priced without it", warning=True)
+        note(A2A_OVERLAP_IDLE.format(why), warning=True)
     if balancing:
         if memory_mode != "ndplan":
             raise InvalidInputError(

@@ -6,6 +6,7 @@ layer that prints.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -139,6 +140,48 @@ def table(
     for row in cells:
         t.add_row(*row)
     return t
+
+
+TEXT_COLUMN_MIN = 18
+"""Columns of words (recompute, time shares) wrap, but below this many cells they become
+a tower of fragments."""
+
+
+def fitted_table(
+    title: str | None,
+    columns: Sequence[str | tuple[str, str]],
+    rows: Sequence[Sequence[Any]],
+    droppable: Sequence[str],
+    width: int,
+) -> tuple[Table, list[str]]:
+    """``table`` within ``width``: the ``droppable`` columns, in order, then columns with
+    nothing in them, are left out until every number shows whole and the text columns keep
+    ``TEXT_COLUMN_MIN`` cells; also the names of those left out."""
+    names = [c if isinstance(c, str) else c[0] for c in columns]
+    empty = [n for k, n in enumerate(names) if all(r[k] in ("", None) for r in rows)]
+    dropped: list[str] = []
+    keep = list(range(len(names)))
+    for name in (*droppable, *(n for n in empty if n not in droppable)):
+        if (
+            _readable_width([columns[k] for k in keep], [[r[k] for k in keep] for r in rows])
+            <= width
+        ):
+            break
+        dropped.append(name)
+        keep = [k for k, n in enumerate(names) if n not in dropped]
+    return table(title, [columns[k] for k in keep], [[r[k] for k in keep] for r in rows]), dropped
+
+
+def _readable_width(columns: Sequence[str | tuple[str, str]], rows: Sequence[Sequence[Any]]) -> int:
+    """The width a table needs to show every number whole and its text columns at no
+    less than ``TEXT_COLUMN_MIN`` cells: measured by rendering it so, unconstrained."""
+    probe = table(None, columns, rows)
+    for col in probe.columns:
+        if col.justify != "right":
+            col.max_width = TEXT_COLUMN_MIN
+    console = Console(file=io.StringIO(), width=10_000, highlight=False)
+    console.print(probe)
+    return max(cell_len(line) for line in console.file.getvalue().splitlines())
 
 
 _verbosity = 0

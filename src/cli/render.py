@@ -144,9 +144,8 @@ def plan_report(ctx: PricingContext, plan: Plan, layout_flag: bool = False) -> G
     if split is not None:
         items.append(Text(split))
     flag = megatron_layout_line(ctx, plan) if split is not None or layout_flag else None
-    if (
-        flag is not None
-    ):  # one line whatever the width (printed uncropped): it is pasted into a launch script
+    # One line whatever the width (printed uncropped): it is pasted into a launch script.
+    if flag is not None:
         items.append(Text(flag, no_wrap=True, overflow="ignore"))
     items += [
         memory_table(plan),

@@ -13,8 +13,6 @@ from typing import Annotated, Any
 import typer
 import yaml
 from pydantic import ValidationError
-from rich.cells import cell_len
-from rich.console import Console
 from rich.text import Text
 
 from ndplan.bootstrap import create
@@ -34,6 +32,7 @@ from ndplan.planner import REBALANCE_CONFLICT, PricingOptions
 
 from . import interrupts
 from .common import (
+    A2A_OVERLAP_IDLE,
     SP_AT_TP_1,
     ActivationOffloadOpt,
     AttentionOpt,
@@ -68,6 +67,7 @@ from .options import DeviceFiles, Json, Strict, state
 from .output import (
     check_output_file,
     check_writable_folder,
+    fitted_table,
     note,
     print_json,
     stdout,
@@ -383,23 +383,9 @@ def ranking_table(
         ("MFU", "right"),
         "time shares %",
     ]
-    names = [c if isinstance(c, str) else c[0] for c in columns]
-    dropped: list[str] = []
-    out = table(title, columns, rows)
     # A narrow terminal: leave out the text columns, widest first, rather than cut every
     # number to "5…" (the best plan's report below and --json carry them all).
-    # Then columns with nothing in them (ep of a dense model).
-    empty = [n for k, n in enumerate(names) if all(r[k] in ("", None) for r in rows)]
-    for name in (*NARROW_DROPS, *(n for n in empty if n not in NARROW_DROPS)):
-        keep = [k for k, n in enumerate(names) if n not in dropped]
-        if _readable_width([columns[k] for k in keep], [[r[k] for k in keep] for r in rows]) <= (
-            stdout.width
-        ):
-            break
-        dropped.append(name)
-    if dropped:
-        keep = [k for k, n in enumerate(names) if n not in dropped]
-        out = table(title, [columns[k] for k in keep], [[r[k] for k in keep] for r in rows])
+    out, dropped = fitted_table(title, columns, rows, NARROW_DROPS, stdout.width)
     captions = []
     if dropped:
         captions.append(f"left out at this width: {', '.join(dropped)} (--json has them)")
@@ -415,22 +401,6 @@ def ranking_table(
 
 NARROW_DROPS = ("time shares %", "recompute", "offl", "sp")
 """The ranking's columns a narrow terminal goes without, in order."""
-
-TEXT_COLUMN_MIN = 18
-"""Columns of words (recompute, time shares) wrap, but below this many cells they become
-a tower of fragments."""
-
-
-def _readable_width(columns: list, rows: list[list[Any]]) -> int:
-    """The width the table needs to show every number whole and its text columns at no
-    less than ``TEXT_COLUMN_MIN`` cells: measured by rendering it so, unconstrained."""
-    probe = table(None, columns, rows)
-    for col in probe.columns:
-        if col.justify != "right":
-            col.max_width = TEXT_COLUMN_MIN
-    console = Console(file=io.StringIO(), width=10_000, highlight=False)
-    console.print(probe)
-    return max(cell_len(line) for line in console.file.getvalue().splitlines())
 
 
 def summary_line(result: SearchResult) -> str:
@@ -775,11 +745,8 @@ def search_cmd(
         if sp and space.tp == (1,):  # as Megatron does, with a word
             note(SP_AT_TP_1, warning=True)
         if moe_a2a_overlap and (not pctx.model.is_moe or space.ep == (1,)):
-            note(
-                "warning: --moe-a2a-overlap has no effect: there is no expert parallelism "
-                f"({'a dense model' if not pctx.model.is_moe else 'ep 1'}); priced without it",
-                warning=True,
-            )
+            why = "a dense model" if not pctx.model.is_moe else "ep 1"
+            note(A2A_OVERLAP_IDLE.format(f"there is no expert parallelism ({why})"), warning=True)
         if baseline is not None and not baseline.strip():
             raise InvalidInputError(
                 "--baseline: empty; give degrees as tp=4,pp=8,vpp=5, a layout as ndplan prints "

@@ -47,7 +47,7 @@ def _owner(module: str, plugins: Iterable[str]) -> str | None:
 
 def plugin_origin(exc: BaseException, plugins: Iterable[str]) -> str | None:
     """The plugin module whose code raised ``exc``, or None when ndplan's own code did."""
-    owners = (*plugins, *entry_point_modules())
+    owners = _owners(plugins)
     for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
         module = str(frame.f_globals.get("__name__", ""))
         owner = _owner(module, owners)
@@ -118,7 +118,12 @@ def guarded_rule(name: str, rule: Callable[..., Any], plugins: Iterable[str]) ->
 
 def plugin_origin_of(fn: Callable[..., Any], plugins: Iterable[str]) -> str | None:
     """The plugin module that defines ``fn``, if any."""
-    return _owner(str(getattr(fn, "__module__", "")), (*plugins, *entry_point_modules()))
+    return _owner(str(getattr(fn, "__module__", "")), _owners(plugins))
+
+
+def _owners(plugins: Iterable[str]) -> tuple[str, ...]:
+    """The modules whose code is a plugin's: those the run loaded and the entry points."""
+    return (*plugins, *entry_point_modules())
 
 
 class GuardedPricing(SearchPricing):
