@@ -139,7 +139,9 @@ def _row(scenario: Scenario, status: str, plan: Plan | None = None, reason: str 
             sp=lay.sequence_parallel,
             offload_optimizer=lay.offload_optimizer,
             schedule=lay.schedule,
-            layers_per_chunk=layers_per_chunk_text(lay.layers_per_stage),
+            layers_per_chunk=layers_per_chunk_text(
+                plan.chunk_layers() if plan.uneven_split() else None
+            ),
             recompute=plan.recompute_summary(),
             step_s=plan.time.step_s if plan.time else None,
             tokens_per_s_per_device=plan.tokens_per_s_per_device,

@@ -307,8 +307,8 @@ def shares(plan: Plan) -> str:
 
 UNEVEN_MARK = "*"
 UNEVEN_NOTE = (
-    "* layers placed unevenly over the pipeline chunks (the output layer or the embedding "
-    "and loss counted as work)"
+    "* decoder layers split unevenly over the pipeline chunks (a remainder, the embedding "
+    "and loss counted as layers, or the output layer's work)"
 )
 
 
@@ -344,7 +344,7 @@ def ranking_table(
     extra = (baseline,) if baseline is not None and baseline.layout not in listed else ()
     for p in (*plans, *extra):
         lay = p.layout
-        pp = pipeline_cell(lay.pp, lay.vpp, lay.schedule, lay.layers_per_stage is not None)
+        pp = pipeline_cell(lay.pp, lay.vpp, lay.schedule, p.uneven_split())
         rows.append(
             (
                 BASELINE_MARK if p is baseline else p.rank,
@@ -391,8 +391,8 @@ def ranking_table(
         captions.append(f"left out at this width: {', '.join(dropped)} (--json has them)")
     if extra:
         out.rows[len(plans) - 1].end_section = True
-    if any(p.layout.layers_per_stage is not None for p in (*plans, *extra)):
-        captions.append(UNEVEN_NOTE + "; --json gives layout.layers_per_stage")
+    if any(p.uneven_split() for p in (*plans, *extra)):
+        captions.append(UNEVEN_NOTE + "; --json lists each chunk's layers (memory.stages[].layers)")
     if captions:
         out.caption = "\n".join(captions)
         out.caption_justify = "left"

@@ -81,6 +81,18 @@ class Plan(Frozen):
     recompute: tuple[RecomputeRange, ...] = ()
     """Per-layer recompute assignment as layer ranges."""
 
+    def chunk_layers(self) -> tuple[int, ...]:
+        """Decoder layers per pipeline chunk as priced, in model order: the layout's own
+        counts, or the default split when it gives none (``memory.stages[].layers``)."""
+        chunks = sorted(chunk for stage in self.memory.stages for chunk in stage.layers)
+        return tuple(stop - start for start, stop in chunks)
+
+    def uneven_split(self) -> bool:
+        """Whether the chunks hold different numbers of decoder layers (a remainder, the
+        embedding and loss counted as layers, the output layer's work, an MTP model's
+        last chunk): Megatron then needs the layout spelled out."""
+        return len(set(self.chunk_layers())) > 1
+
     def recompute_summary(self) -> str:
         """``none``, ``full``, or ``none 60, norm 19, norm+act 1``: layers per recompute
         option, most first (ties by name, so equal plans read the same)."""

@@ -36,6 +36,7 @@ from typing import Any
 from .context import (
     LayerSplits,
     PricingContext,
+    default_split,
     head_counted_split,
     mtp_room,
     mtp_room_splits_evenly,
@@ -131,6 +132,18 @@ def split_counts(splits: LayerSplits, c: Candidate) -> tuple[int, ...] | None:
         chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
         return splits.counts(pp, chunks, split)
     return splits.balanced(tp, cp, ep, etp, mbs, pp, m, vpp, SCHEDULES[sched], RECOMPUTES[rec])
+
+
+def uneven_split_text(ctx: PricingContext, c: Candidate) -> str | None:
+    """A candidate's layers per chunk as ``estimate --layers-per-chunk`` takes them, when
+    the chunks hold different numbers (the default split too: 61 layers over 16 chunks);
+    None for an even split."""
+    counts = split_counts(ctx.layer_splits, c)
+    if counts is None:
+        _tp, pp, _cp, _dp, _ep, _etp, vpp, *_rest, sched, _split = c
+        chunks = 2 * pp if SCHEDULES[sched] == "dualpipev" else pp * vpp
+        counts = default_split(ctx.model.num_layers, chunks, ctx.model.num_mtp_layers)
+    return layers_per_chunk_text(counts) if len(set(counts)) > 1 else None
 
 
 def shape_of(c: Candidate) -> tuple[int, int, int, int, int, int]:
@@ -1136,10 +1149,7 @@ def search(
         ),
     )
     ranking = tuple((candidate_dict(candidates[i]), p) for _, _, _, i, p in results)
-    layers_per_chunk = tuple(
-        layers_per_chunk_text(split_counts(ctx.layer_splits, candidates[i]))
-        for _, _, _, i, _ in results
-    )
+    layers_per_chunk = tuple(uneven_split_text(ctx, candidates[i]) for _, _, _, i, _ in results)
     result = SearchResult(
         summary=summary,
         plans=tuple(plans),

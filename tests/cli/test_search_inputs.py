@@ -317,7 +317,7 @@ def test_the_balanced_split_is_searched_marked_and_can_be_turned_off(
         capsys, "search", *PIPELINED, "-t", "3", "--ranking-csv", str(ranking)
     )
     assert code == 0, err
-    assert "16* " in table and "* layers placed unevenly" in table
+    assert "16* " in table and "* decoder layers split unevenly" in table
     # The ranking states each uneven split's counts, as estimate --layers-per-chunk takes them.
     rows = list(csv.DictReader(ranking.open(encoding="utf-8")))
     assert rows[0]["split"] == "balanced" and rows[0]["layers_per_chunk"] == "2," * 14 + "3,1"
@@ -332,6 +332,30 @@ def test_the_balanced_split_is_searched_marked_and_can_be_turned_off(
     code, out, err = invoke(capsys, "search", *PIPELINED, "--json", "--space", str(space))
     assert code == 0, err
     assert [p["layout"] for p in plans(out)] == [p["layout"] for p in even]
+
+
+def test_a_default_split_with_a_remainder_is_marked_and_its_counts_stated(
+    capsys, tmp_path: Path
+) -> None:
+    """32 layers over 3 stages is no even split (Megatron needs the layout spelled out): the
+    table marks it like a balanced one, the ranking CSV states its counts, and --json's
+    stages hold them; 4 stages divide the layers and are not marked."""
+    argv = ("search", "-m", "llama-3-8b", "-d", "h100", "--gbs", "48", "-s", "4096", "--tp", "1")
+    argv += ("--vpp", "1", "--mbs", "1", "--even-layers", "-t", "2", "-j", "1")
+    ranking = tmp_path / "ranking.csv"
+    code, table, err = invoke(capsys, *argv, "-n", "12", "--pp", "3", "--ranking-csv", str(ranking))
+    assert code == 0, err
+    assert "│ 3* │" in table and "* decoder layers split unevenly" in table
+    rows = list(csv.DictReader(ranking.open(encoding="utf-8")))
+    assert {(r["split"], r["layers_per_chunk"]) for r in rows} == {("even", "11,11,10")}
+    code, out, err = invoke(capsys, *argv, "-n", "12", "--pp", "3", "--json")
+    assert code == 0, err
+    stages = plans(out)[0]["memory"]["stages"]
+    assert [stop - start for s in stages for start, stop in s["layers"]] == [11, 11, 10]
+    assert plans(out)[0]["layout"]["layers_per_stage"] is None
+    code, table, err = invoke(capsys, *argv, "-n", "16", "--pp", "4")
+    assert code == 0, err
+    assert "4*" not in table and "unevenly" not in table
 
 
 # ----------------------------------------------------------------------------- plugins

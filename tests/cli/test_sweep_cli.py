@@ -176,7 +176,7 @@ def test_a_balanced_best_plan_states_its_layers_per_chunk(capsys, tmp_path: Path
     assert len(counts) == 16 and sum(counts) == 32 and counts[-1] < 2
     code = run(["sweep", *argv, "--space", str(space), "-j", "1"])
     out = capsys.readouterr().out
-    assert code == 0 and "16* " in out and "* layers placed unevenly" in out
+    assert code == 0 and "16* " in out and "* decoder layers split unevenly" in out
     space.write_text("pp: 16\ntp: 1\nvpp: 1\nmbs: 1\nbalance_layers: false\n", encoding="utf-8")
     even = sweep_json(capsys, *argv, "--space", str(space), "-j", "1")
     assert even[0]["layers_per_chunk"] is None and even[0]["step_s"] > rows[0]["step_s"]

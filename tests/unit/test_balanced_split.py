@@ -112,6 +112,31 @@ def test_the_search_offers_the_balanced_split_and_prices_it_as_placed(planner: P
     assert SPLITS.index("balanced") == 2
 
 
+def test_a_plan_states_the_split_it_was_priced_on(planner: Planner) -> None:
+    """A plan's chunk counts are the split priced: the layout's own, else the default one,
+    which for DeepSeek-V3 (61 layers, an MTP block) over 16 chunks keeps the last light
+    (Megatron-Bridge's 4 ×15 + 1) and is uneven; Llama 3 8B's 32 over 4 stages is not."""
+    job = Job(global_batch_size=1024, seq_length=4096, precision="fp8")
+    dsv3 = planner.context(planner.model("deepseek-v3"), planner.device("h800"), 2048, job)
+    layout = Layout(
+        tp=2,
+        pp=8,
+        vpp=2,
+        dp=128,
+        ep=256,
+        etp=1,
+        num_microbatches=8,
+        sp=True,
+        schedule="interleaved",
+    )
+    plan = planner.estimate(dsv3, layout)
+    assert plan.chunk_layers() == (4,) * 15 + (1,) == default_split(61, 16, 1)
+    assert plan.uneven_split()
+    llama = planner.context(planner.model("llama-3-8b"), planner.device("h100"), 16, job)
+    even = planner.estimate(llama, Layout(pp=4, dp=4, num_microbatches=256))
+    assert even.chunk_layers() == (8, 8, 8, 8) and not even.uneven_split()
+
+
 def head_weight(planner: Planner, layout: Layout, **job) -> float:
     job = Job(global_batch_size=256, seq_length=8192, **job)
     ctx = planner.context(planner.model("llama-3-70b"), planner.device("gb300"), 64, job)
