@@ -37,14 +37,13 @@ def layout_line(plan: Plan) -> str:
     return " · ".join(parts)
 
 
-def split_line(ctx: PricingContext, plan: Plan) -> str | None:
+def split_line(plan: Plan) -> str | None:
     """``layers per chunk: 4 ×15, 1`` when the decoder layers do not split evenly over the
     pipeline chunks (a remainder, the embedding and loss as layers, an MTP model's last
     chunk); None when every chunk holds the same number."""
-    chunks = sorted((c.start, c.stop) for s in ctx.placement(plan.layout) for c in s.chunks)
-    counts = [stop - start for start, stop in chunks]
-    if len(set(counts)) <= 1:
+    if not plan.uneven_split():
         return None
+    counts = plan.chunk_layers()
     runs = [(n, len(list(same))) for n, same in groupby(counts)]
     return "layers per chunk: " + ", ".join(f"{n} ×{k}" if k > 1 else f"{n}" for n, k in runs)
 
@@ -108,10 +107,15 @@ def time_table(plan: Plan):
     return table("step time, s", ["part", ("seconds", "right"), ("share", "right")], rows)
 
 
-def rates_line(plan: Plan) -> str:
+def rates_line(ctx: PricingContext, plan: Plan) -> str:
+    """Throughput, and the utilisations with the peak they are of: an fp8 run's is the fp8
+    peak, twice the bf16 one, so its MFU reads half what a bf16 basis would give."""
+    basis = ctx.settings.gemm_precision
+    peak = ctx.device.peak_flops(basis) / 1e12
     return (
         f"{plan.tokens_per_s_per_device:,.0f} tokens/s/device · {plan.model_tflops_per_device:,.0f} model "
-        f"TFLOP/s/device · MFU {100 * plan.mfu:.1f}% · HFU {100 * plan.hfu:.1f}%"
+        f"TFLOP/s/device · MFU {100 * plan.mfu:.1f}% · HFU {100 * plan.hfu:.1f}% "
+        f"(of the {basis} dense peak, {peak:,.0f} TFLOP/s)"
     )
 
 
@@ -140,7 +144,7 @@ def plan_report(ctx: PricingContext, plan: Plan, layout_flag: bool = False) -> G
     ``layout_flag``: the balancer's placement, even or not) the Megatron flag that places
     the layers so."""
     items = [Text(header(ctx), style="bold"), Text("layout: " + layout_line(plan))]
-    split = split_line(ctx, plan)
+    split = split_line(plan)
     if split is not None:
         items.append(Text(split))
     flag = megatron_layout_line(ctx, plan) if split is not None or layout_flag else None
@@ -152,7 +156,7 @@ def plan_report(ctx: PricingContext, plan: Plan, layout_flag: bool = False) -> G
         Text(memory_verdict(plan)),
     ]
     if plan.time is not None:
-        items += [time_table(plan), Text(rates_line(plan))]
+        items += [time_table(plan), Text(rates_line(ctx, plan))]
     if _recompute_ranges_say_more(plan):
         items.append(Text("recompute:"))
         items += [Text("  " + line) for line in recompute_lines(plan.recompute)]

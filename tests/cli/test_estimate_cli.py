@@ -816,3 +816,19 @@ def test_the_megatron_layout_flag_stays_one_line_on_a_narrow_terminal(capsys, mo
     assert code == 0
     expected = '--pipeline-model-parallel-layout "Ettt|t' + "|tt" * 14 + 'L"'
     assert any(line.endswith(expected) for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize(
+    ("precision", "basis"), [("bf16", "bf16"), ("fp8", "fp8"), ("fp8-blockwise", "fp8")]
+)
+def test_the_utilisations_name_the_peak_they_are_of(capsys, precision: str, basis: str) -> None:
+    """MFU and HFU are taken against the training precision's dense peak (an fp8 run's is
+    twice the bf16 one), and the line says which, with the peak's figure."""
+    argv = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "64", "-s", "4096")
+    code, out, err = invoke(capsys, *argv, "--precision", precision)
+    assert code == 0, err
+    peak = {"bf16": "989", "fp8": "1,979"}[basis]
+    line = next(line for line in out.splitlines() if "MFU" in line)
+    assert line.endswith(f"(of the {basis} dense peak, {peak} TFLOP/s)"), line
+    mfu = estimate_json(capsys, *argv, "--precision", precision)["mfu"]
+    assert f"MFU {100 * mfu:.1f}%" in line
