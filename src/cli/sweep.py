@@ -40,7 +40,7 @@ from .common import (
 )
 from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
-from .output import check_output_file, print_json, stdout, table, write_atomic
+from .output import check_output_file, note, print_json, stdout, table, write_atomic
 from .progress import progress_reporter
 from .search import UNEVEN_NOTE, build_space, load_space_file, pipeline_cell, space_values
 
@@ -328,7 +328,18 @@ def sweep_cmd(
         for dev in devs.values():
             check_memory_budget(max_mem, dev)
         scenarios = []
+        first_of: dict[tuple, str] = {}  # one search per problem, however it is named
         for c in combos:
+            spec, dev = specs[c["model"]], devs[c["device"]]
+            problem = (spec, dev.id, c["devices"], c["gbs"], c["seq_len"])
+            given = f"{c['model']} on {c['devices']} × {c['device']}"
+            if problem in first_of:
+                note(
+                    f"note: '{given}' repeats '{first_of[problem]}' (one model and device by "
+                    "other names): searched once"
+                )
+                continue
+            first_of[problem] = given
             job = JobInputs(
                 c["gbs"],
                 c["seq_len"],
@@ -339,7 +350,6 @@ def sweep_cmd(
                 settings=job_values,
                 settings_from=job_from,
             ).job()
-            spec = specs[c["model"]]
             space = build_space(
                 vary=None,
                 fixed={},
@@ -352,7 +362,7 @@ def sweep_cmd(
                 Scenario(
                     model_name=c["model"],
                     model=spec,
-                    device=devs[c["device"]],
+                    device=dev,
                     num_devices=c["devices"],
                     job=job,
                     space=space,

@@ -75,6 +75,22 @@ def test_a_value_given_twice_is_one_scenario(capsys) -> None:
     assert [(r["devices"], r["gbs"]) for r in rows] == [(8, 64)]
 
 
+def test_one_model_and_device_named_twice_is_one_scenario_and_said(capsys) -> None:
+    """Aliases (h100 and h100-sxm, llama3-8b and llama-3-8b) name one problem: it is
+    searched once, under the first names, and stderr says which were folded into it."""
+    argv = ["sweep", "-m", "llama-3-8b", "-m", "llama3-8b", "-d", "h100", "-d", "h100-sxm"]
+    argv += ["-n", "8", "--gbs", "64", "-s", "2048", "-j", "1", "--json"]
+    assert run(argv) == 0
+    captured = capsys.readouterr()
+    rows = json.loads(captured.out)["scenarios"]
+    assert [(r["model"], r["device"]) for r in rows] == [("llama-3-8b", "h100-sxm")]
+    folded = [line for line in captured.err.splitlines() if "searched once" in line]
+    assert len(folded) == 3
+    assert folded[0].startswith(
+        "note: 'llama-3-8b on 8 × h100-sxm' repeats 'llama-3-8b on 8 × h100'"
+    )
+
+
 def test_failed_scenarios_are_rows_not_crashes(capsys, sweep_file: Path) -> None:
     space = sweep_file.parent / "space.yaml"
     space.write_text("tp: 1\npp: 1\ncp: 1\n", encoding="utf-8")
