@@ -243,13 +243,11 @@ def run(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         # Code a plugin supplied (a cost model's method, a sink's write) raised outside the
         # search's own per-candidate guard: the plugin's fault (exit 4), named.
-        from ndplan.adapters.executors.faults import plugin_origin
+        from ndplan.adapters.executors.faults import blame
 
-        owner = plugin_origin(exc, run_state.loaded_plugin_modules())
-        if owner is not None:
-            return _fail(
-                f"plugin '{owner}' raised {type(exc).__name__}: {exc}", ExitCode.PLUGIN_ERROR
-            )
+        found = blame(exc, run_state.loaded_plugin_modules())
+        if found is not None:
+            return _fail(found.message(exc), ExitCode.PLUGIN_ERROR)
         return _fail(
             f"internal error: {type(exc).__name__}: {exc} (rerun with NDPLAN_DEBUG=1 "
             "for a traceback)",

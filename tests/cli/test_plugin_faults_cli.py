@@ -121,6 +121,30 @@ def test_a_plugin_raising_in_estimate_exits_4_naming_it(capsys, plugin_module) -
     assert line == f"ndplan: error: plugin '{name}' raised ValueError: step exploded"
 
 
+def test_a_cost_model_returning_the_wrong_type_is_the_plugins_fault(capsys, plugin_module) -> None:
+    # The bad value fails in ndplan's own code that adds the parts up; the blame still
+    # goes to the plugin whose object ndplan was holding, not to an internal error.
+    name = plugin_module(
+        """
+        from ndplan.core.performance import NdplanCostModel
+        class Sloppy(NdplanCostModel):
+            def layer_seconds(self, ctx, layout, kind, recompute):
+                parts = dict(super().layer_seconds(ctx, layout, kind, recompute))
+                parts["tp_comm"] = "slow"
+                return parts
+        @hookimpl
+        def ndplan_register_cost_models(registry):
+            registry.add("ndplan", Sloppy, replace=True)
+        """
+    )
+    expected = f"plugin '{name}': ndplan failed on what its Sloppy gave it (TypeError"
+    line = fails_with(capsys, "-p", name, "estimate", *PROBLEM, "--tp", "2")
+    assert expected in line and "check the types and values it returns" in line
+    for jobs in ("1", "2"):
+        line = fails_with(capsys, "-p", name, "search", *PROBLEM, "-j", jobs)
+        assert expected in line, line
+
+
 def test_a_raising_debug_sink_exits_4_naming_it(capsys, plugin_module, tmp_path: Path) -> None:
     name = plugin_module(
         """

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -45,27 +46,61 @@ def _owner(module: str, plugins: Iterable[str]) -> str | None:
     return None
 
 
-def plugin_origin(exc: BaseException, plugins: Iterable[str]) -> str | None:
-    """The plugin module whose code raised ``exc``, or None when ndplan's own code did."""
+@dataclass(frozen=True)
+class Blame:
+    """Whose fault an exception is: the plugin, and — when ndplan's own code raised while
+    holding one of the plugin's objects — that object's class."""
+
+    plugin: str
+    via: str | None = None
+
+    def message(self, exc: BaseException) -> str:
+        error = f"{type(exc).__name__}: {exc}"
+        if self.via is None:
+            return f"plugin '{self.plugin}' raised {error}"
+        # A cost model returning a string where seconds belong fails in the code that adds
+        # them up, which is ndplan's; the object it was handling is the plugin's.
+        return (
+            f"plugin '{self.plugin}': ndplan failed on what its {self.via} gave it ({error}); "
+            "check the types and values it returns"
+        )
+
+
+def blame(exc: BaseException, plugins: Iterable[str]) -> Blame | None:
+    """The plugin at fault for ``exc``, or None when it is ndplan's own. The innermost frame
+    of a plugin or of ndplan decides: a plugin's frame blames the plugin; an ndplan frame
+    blames the plugin whose object (``self``, a cost model in hand) it was working on,
+    else no one but ndplan."""
     owners = _owners(plugins)
     for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
         module = str(frame.f_globals.get("__name__", ""))
         owner = _owner(module, owners)
         if owner is not None:
-            return owner
+            return Blame(owner)
         if module == "ndplan" or module.startswith("ndplan."):
+            for value in frame.f_locals.values():
+                kind = type(value)
+                owner = _owner(str(kind.__module__), owners)
+                if owner is not None:
+                    return Blame(owner, kind.__name__)
             return None
     return None
 
 
+def plugin_origin(exc: BaseException, plugins: Iterable[str]) -> str | None:
+    """The plugin module at fault for ``exc`` (:func:`blame`), or None."""
+    found = blame(exc, plugins)
+    return found.plugin if found is not None else None
+
+
 def classify(exc: Exception, what: str, plugins: Iterable[str]) -> NdplanError:
     """One-line error for an exception raised while working on ``what``."""
-    error = f"{type(exc).__name__}: {exc}"
-    owner = plugin_origin(exc, plugins)
-    if owner is not None:
-        return PluginError(f"{what}: plugin '{owner}' raised {error}")
+    found = blame(exc, plugins)
+    if found is not None:
+        return PluginError(f"{what}: {found.message(exc)}")
     return InternalError(
-        f"{what}: internal error: {error} (rerun with NDPLAN_DEBUG=1 for a traceback)"
+        f"{what}: internal error: {type(exc).__name__}: {exc} (rerun with NDPLAN_DEBUG=1 for "
+        "a traceback)"
     )
 
 
