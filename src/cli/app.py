@@ -16,7 +16,9 @@ import sys
 import traceback
 from typing import Annotated
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from ndplan import __version__
 from ndplan.core.errors import ExitCode, NdplanError
@@ -43,8 +45,25 @@ def _usage_error_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+class _Commands(TyperGroup):
+    """The command group, with a closed stdout met outside ndplan's own writers (a
+    plugin's debug sink printing records, `| head`) taken as the reader leaving, as
+    ndplan's writers take it; click would exit 1 without a word."""
+
+    def invoke(self, ctx: click.Context):  # type: ignore[override]
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # Only stdout's reader leaving is the user's doing; a pipe to a worker that
+            # broke is a fault and keeps its error.
+            if output.stdout_reader_gone():
+                raise output.OutputClosed from None
+            raise
+
+
 app = typer.Typer(
     name="ndplan",
+    cls=_Commands,
     help="Plan N-dimensional parallelism for LLM training: search every layout, price it "
     "analytically (memory and step time), rank what fits.",
     pretty_exceptions_enable=False,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -107,6 +108,19 @@ def write_stdout(text: str) -> None:
         _stdout.flush()
     except BrokenPipeError:
         raise OutputClosed from None
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a captured stdout (tests) has no fd
+        return False
+    if not hasattr(select, "poll"):  # Windows
+        return False
+    poller = select.poll()
+    poller.register(fd, 0)  # no events asked: poll still reports POLLERR and POLLHUP
+    return any(events & select.POLLERR for _, events in poller.poll(0))
 
 
 def drop_unwritten_stdout() -> None:

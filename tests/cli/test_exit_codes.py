@@ -383,6 +383,42 @@ def test_a_reader_that_leaves_early_is_not_an_error(argv: list[str]) -> None:
     assert (done.returncode, done.stderr) == (0, "")
 
 
+def test_a_plugin_printing_to_a_stdout_whose_reader_left_is_not_an_error(tmp_path: Path) -> None:
+    """A debug sink that prints its records (docs/architecture.md's example), piped to
+    ``head``: the plugin's own print meets the closed pipe; the run still ends as any
+    reader leaving does, exit 0 in silence, where click exited 1 without a word."""
+    (tmp_path / "printing_sink.py").write_text(
+        "from ndplan.plugins.hookspecs import hookimpl\n"
+        "class Printing:\n"
+        "    name = 'printing'\n"
+        "    def open(self, directory): pass\n"
+        "    def memory(self, candidate, parts): print(candidate)\n"
+        "    def time(self, candidate, parts): print(candidate)\n"
+        "    def refusal(self, candidate, reason): print(candidate, reason)\n"
+        "    def close(self): pass\n"
+        "@hookimpl\n"
+        "def ndplan_register_debug_sinks(registry):\n"
+        "    registry.add('printing', Printing)\n"
+    )
+    argv = ["-q", "-p", "printing_sink", "search", "-m", "llama-3-8b", "-d", "h100", "-n", "8"]
+    argv += ["--gbs", "16", "-s", "2048", "--debug-sink", "printing", "-j", "1"]
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "ndplan", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
 class _FullDisk:
     """A stdout on a full disk: every write fails as the kernel's ENOSPC does."""
 
