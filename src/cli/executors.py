@@ -112,6 +112,11 @@ def open_executor(
             f"cores; -j {cores} or fewer is faster",
             warning=True,
         )
+    if verbosity >= 1:
+        how = "in this process" if chosen == "serial" else f"{count} workers"
+        if verbosity >= PER_CANDIDATE_VERBOSITY:
+            how += " (-vv prices serially, so its per-candidate lines come out in order)"
+        note(f"pricing: the {chosen} executor, {how}")
     executor = create(
         registry,
         chosen,

@@ -62,7 +62,7 @@ from .common import (
     build_context,
     read_yaml,
 )
-from .executors import ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
+from .executors import PER_CANDIDATE_VERBOSITY, ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
 from .options import DeviceFiles, Json, Strict, state
 from .output import (
     check_output_file,
@@ -761,9 +761,12 @@ def search_cmd(
         made_debug_dir = False
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
         # it is opened, and a sink that needs a folder says so (exit 3).
-        if debug_dir is not None or debug_sink:
+        names = list(debug_sink or (["csv"] if debug_dir is not None else []))
+        if st.verbosity >= PER_CANDIDATE_VERBOSITY and "stderr" not in names:
+            names.append("stderr")  # -vv: a line per priced candidate
+        if names:
             registry = planner.components.debug_sinks
-            sinks = [create(registry, n, DebugSink) for n in debug_sink or ["csv"]]
+            sinks = [create(registry, n, DebugSink) for n in names]
             if debug_dir is not None:
                 _check_debug_dir(debug_dir, sinks, force)
                 made_debug_dir = not debug_dir.exists()

@@ -277,9 +277,10 @@ def sweep_cmd(
     Example: ndplan sweep sweep.yaml --executor ray --ray-address ray://head:10001 --csv out.csv
     """
     st = state(ctx)
-    # Workers start before anything is parsed, so their imports overlap that work.
+    # Workers start before anything is parsed, so their imports overlap that work. A
+    # sweep prints no per-candidate lines, so -vv need not price serially.
     with open_executor(
-        st, jobs=jobs, name=executor, ray_address=ray_address, verbosity=st.verbosity
+        st, jobs=jobs, name=executor, ray_address=ray_address, verbosity=min(st.verbosity, 1)
     ) as pool:
         if csv_out is not None:
             check_output_file(csv_out, "--csv", force=force)

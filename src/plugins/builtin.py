@@ -87,7 +87,9 @@ def _ray(jobs=2, options=None):
 @hookimpl(trylast=True)
 def ndplan_register_debug_sinks(registry):
     from ndplan.adapters.sinks.files import CsvSink, JsonLinesSink, NullSink
+    from ndplan.adapters.sinks.lines import StderrLinesSink
 
     registry.add("csv", CsvSink)
     registry.add("jsonl", JsonLinesSink)
     registry.add("null", NullSink)
+    registry.add("stderr", StderrLinesSink)

@@ -473,6 +473,37 @@ def test_verbosity_flags_may_follow_the_command(capsys) -> None:
     assert code == 2 and "-q" in err
 
 
+def test_v_names_the_executor_and_vv_prints_each_priced_candidate(capsys) -> None:
+    argv = (*SMALL[:-2], "--json", "-j", "2")
+    code, _, err = invoke(capsys, "-v", "search", *argv)
+    assert code == 0 and "pricing: the pool executor, 2 workers" in err
+    assert "priced " not in err
+    code, out, err = invoke(capsys, "-vv", "search", *argv)
+    assert code == 0 and "pricing: the serial executor, in this process (-vv" in err
+    result = json.loads(out)
+    lines = [line for line in err.splitlines() if line.startswith("priced ")]
+    assert len(lines) == result["summary"]["priced"] > 0
+    best = result["plans"][0]
+    layout = best["layout"]
+    # The best plan's own line: its degrees, its peak and its step time.
+    mine = [
+        line
+        for line in lines
+        if f"tp={layout['tp']} pp={layout['pp']} " in line
+        and f" mbs={layout['mbs']} num_microbatches={layout['num_microbatches']} " in line
+        and f" zero={layout['zero']} " in line
+        and f"step {best['time']['step_s']:.4f} s" in line
+    ]
+    assert mine, lines
+    assert (
+        f"peak {best['memory']['peak_bytes'] / 2**30:.2f} GiB (stage {best['memory']['peak_stage']})"
+        in mine[0]
+    )
+    # Same ranking as without the lines.
+    _, quiet_out, _ = invoke(capsys, "search", *argv)
+    assert plans(out) == plans(quiet_out)
+
+
 def test_more_workers_than_cores_is_honoured_with_a_warning(
     capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
