@@ -345,6 +345,7 @@ def check_layout(
             raise InvalidInputError(
                 f"ep({lay.ep})·etp({lay.expert_tp}) = {lay.ep * lay.expert_tp} does not divide "
                 f"dp·cp·tp = {group}; experts are carved out of the data-parallel devices"
+                + _etp_fix(lay, group)
             )
     elif lay.ep > 1:
         raise InvalidInputError(f"ep({lay.ep}) > 1 but the model has no experts; use --ep 1")
@@ -379,3 +380,12 @@ class SearchSpace(Frozen):
     allow_tp_beyond_scale_up: bool = False
     """Let TP span more than the scale-up domain (--max-tp, or this, lifts the bound).
     The memory budget is the pricing context's (``PricingOptions.max_mem_gib``)."""
+
+
+def _etp_fix(lay: Layout, group: int) -> str:
+    """The fix for an EP·ETP that does not fit: the widest expert TP that does, when
+    the expert TP was left to follow TP (a stated one is the user's to change)."""
+    if lay.etp is not None or group % lay.ep:
+        return ""
+    fitting = [etp for etp in range(lay.expert_tp, 0, -1) if group % (lay.ep * etp) == 0]
+    return f"; give --etp {fitting[0]} (expert TP follows tp={lay.tp} unless stated)"

@@ -300,6 +300,13 @@ def test_ep_must_divide_the_experts() -> None:
 def test_ep_times_etp_must_divide_the_data_parallel_devices() -> None:
     message = error_of(Layout(tp=2, dp=4, ep=8, num_microbatches=4), num_experts=64)
     assert message.startswith("ep(8)·etp(2) = 16 does not divide dp·cp·tp = 8")
+    # The expert TP followed TP unasked: the fix names the widest that fits.
+    assert message.endswith("; give --etp 1 (expert TP follows tp=2 unless stated)")
+    message = error_of(Layout(tp=4, dp=4, ep=8, num_microbatches=4), num_experts=64, num_devices=16)
+    assert message.endswith("; give --etp 2 (expert TP follows tp=4 unless stated)")
+    # A stated expert TP is the user's own choice: no fix is guessed for it.
+    message = error_of(Layout(tp=2, etp=2, dp=4, ep=8, num_microbatches=4), num_experts=64)
+    assert message.endswith("experts are carved out of the data-parallel devices")
 
 
 def test_ep_needs_experts() -> None:
