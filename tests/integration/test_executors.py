@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -58,6 +59,26 @@ def test_ray_address_with_another_executor_is_invalid(capsys: pytest.CaptureFixt
     code = run(["search", *DEMO, "--executor", "pool", "--ray-address", "auto"])
     assert code == 3
     assert "--ray-address" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_a_ray_address_nothing_answers_at_is_one_line_at_once(
+    scheme: str, capsys: pytest.CaptureFixture
+) -> None:
+    """ray.init retried such an address for minutes, logging each try; now the address
+    is tried first (a refused port answers at once) and refused in one line."""
+    pytest.importorskip("ray")
+    with socket.socket() as probe:  # a port nothing listens on: bound, then released
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"{scheme}127.0.0.1:{port}"
+    code = run(["search", *DEMO, "--ray-address", address])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 3 and len(err) == 1, err
+    assert err[0].startswith(f"ndplan: error: --ray-address {address}: nothing answers at ")
+    assert "ray start --head" in err[0]
+    code = run(["search", *DEMO, "--ray-address", "head:port"])
+    assert code == 3 and "the port 'port' is not a number" in capsys.readouterr().err
 
 
 def test_executor_ray_without_ray_says_how_to_install(

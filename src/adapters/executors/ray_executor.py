@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,6 +60,39 @@ def import_ray():
     return ray
 
 
+REACH_TIMEOUT_S = 5.0
+"""How long the address may take to accept a connection before the run gives up on it."""
+
+RAY_GCS_PORT = 6379
+
+
+def check_reachable(address: str) -> None:
+    """Refuse an address nothing answers at, in seconds: ``ray.init`` retries an
+    unreachable cluster for minutes, logging each attempt, before it fails."""
+    if address == "auto":  # Ray finds a local cluster itself, or says there is none
+        return
+    target = address.removeprefix("ray://")
+    host, _, port_text = target.rpartition(":")
+    if not host:  # "head": Ray's default GCS port
+        host, port_text = target, str(RAY_GCS_PORT)
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise InvalidInputError(
+            f"--ray-address {address}: the port '{port_text}' is not a number; give "
+            "host:port (ray://head:10001, head:6379) or auto"
+        ) from None
+    try:
+        with socket.create_connection((host.strip("[]"), port), timeout=REACH_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else exc.strerror or str(exc)
+        raise InvalidInputError(
+            f"--ray-address {address}: nothing answers at {host}:{port} ({reason}); start "
+            "the cluster (ray start --head) or give the address its head prints"
+        ) from None
+
+
 class RayExecutor:
     """Chunks as Ray remote tasks; the recipe in the object store once."""
 
@@ -76,6 +110,7 @@ class RayExecutor:
                 "logging_level": logging.ERROR,
             }
             if address:
+                check_reachable(address)
                 kwargs["address"] = address
             else:
                 kwargs["num_cpus"] = max(1, int(workers))
