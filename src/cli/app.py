@@ -16,7 +16,6 @@ import sys
 import traceback
 from typing import Annotated
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -50,7 +49,7 @@ class _Commands(TyperGroup):
     plugin's debug sink printing records, `| head`) taken as the reader leaving, as
     ndplan's writers take it; click would exit 1 without a word."""
 
-    def invoke(self, ctx: click.Context):  # type: ignore[override]
+    def invoke(self, ctx: typer.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
