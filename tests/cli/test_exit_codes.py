@@ -368,19 +368,28 @@ def test_a_reader_that_leaves_early_is_not_an_error(argv: list[str]) -> None:
     """``ndplan models | head -1``: the reader closes the pipe; the command stops writing
     and exits 0 without a word, whether it prints a table (rich) or JSON; before, a table
     exited 1, the code of "no feasible plan"."""
+    done = run_with_stdout_closed(argv)
+    assert (done.returncode, done.stderr) == (0, "")
+
+
+def run_with_stdout_closed(
+    argv: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m ndplan ARGV`` with stdout a pipe no one reads: the first write meets
+    a closed pipe."""
     read_end, write_end = os.pipe()
-    os.close(read_end)  # no reader at all: the first write meets a closed pipe
+    os.close(read_end)
     try:
-        done = subprocess.run(
+        return subprocess.run(
             [sys.executable, "-m", "ndplan", *argv],
             stdout=write_end,
             stderr=subprocess.PIPE,
             text=True,
-            timeout=60,
+            timeout=120,
+            env=env,
         )
     finally:
         os.close(write_end)
-    assert (done.returncode, done.stderr) == (0, "")
 
 
 def test_a_plugin_printing_to_a_stdout_whose_reader_left_is_not_an_error(tmp_path: Path) -> None:
@@ -402,20 +411,7 @@ def test_a_plugin_printing_to_a_stdout_whose_reader_left_is_not_an_error(tmp_pat
     )
     argv = ["-q", "-p", "printing_sink", "search", "-m", "llama-3-8b", "-d", "h100", "-n", "8"]
     argv += ["--gbs", "16", "-s", "2048", "--debug-sink", "printing", "-j", "1"]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    read_end, write_end = os.pipe()
-    os.close(read_end)
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "ndplan", *argv],
-            stdout=write_end,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=120,
-            env=env,
-        )
-    finally:
-        os.close(write_end)
+    done = run_with_stdout_closed(argv, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert (done.returncode, done.stderr) == (0, "")
 
 
