@@ -89,6 +89,38 @@ def load_sweep_file(path: Path) -> dict[str, Any]:
     return out
 
 
+def flag_values(key: str, given: list[str] | None) -> list[Any] | None:
+    """A grid flag's values as users type them: repeated (``-n 8 -n 16``) or comma-separated
+    (``-n 8,16``, ``-d h100,b200``). A model path that holds a comma is kept whole."""
+    if not given:
+        return None
+    out: list[Any] = []
+    for word in given:
+        if key == "model" and Path(word).expanduser().exists():
+            out.append(word)
+            continue
+        pieces = [piece.strip() for piece in word.split(",")]
+        if any(not piece for piece in pieces):
+            example = {"model": "llama-3-8b,llama-3-70b", "device": "h100,b200"}.get(key, "8,16")
+            raise InvalidInputError(f"{FLAGS[key]} {word}: an empty value; give e.g. {example}")
+        if key in ("model", "device"):
+            out.extend(pieces)
+            continue
+        for piece in pieces:
+            try:
+                number = int(piece)
+            except ValueError:
+                flag = FLAGS[key].split("/")[0]
+                raise InvalidInputError(
+                    f"{FLAGS[key]} {word}: '{piece}' is not a whole number; give "
+                    f"{flag} 8 {flag} 16 or {flag} 8,16"
+                ) from None
+            if number < 1:
+                raise InvalidInputError(f"{FLAGS[key]} {word}: {number} must be at least 1")
+            out.append(number)
+    return out
+
+
 def _values(key: str, value: Any, where: str) -> list[Any]:
     values = value if isinstance(value, list) else [value]
     if not values:
@@ -217,27 +249,48 @@ def sweep_cmd(
     model: Annotated[
         list[str] | None,
         typer.Option(
-            "--model", "-m", help="Model preset or config (repeatable).", show_default=False
+            "--model",
+            "-m",
+            help="Model preset or config (repeatable, or comma-separated).",
+            show_default=False,
         ),
     ] = None,
     device: Annotated[
         list[str] | None,
-        typer.Option("--device", "-d", help="Device type (repeatable).", show_default=False),
+        typer.Option(
+            "--device",
+            "-d",
+            help="Device type (repeatable, or comma-separated).",
+            show_default=False,
+        ),
     ] = None,
     devices: Annotated[
-        list[int] | None,
+        list[str] | None,
         typer.Option(
-            "--devices", "-n", min=1, help="Device count (repeatable).", show_default=False
+            "--devices",
+            "-n",
+            metavar="N[,N…]",
+            help="Device count (repeatable, or comma-separated).",
+            show_default=False,
         ),
     ] = None,
     gbs: Annotated[
-        list[int] | None,
-        typer.Option("--gbs", min=1, help="Global batch size (repeatable).", show_default=False),
+        list[str] | None,
+        typer.Option(
+            "--gbs",
+            metavar="B[,B…]",
+            help="Global batch size (repeatable, or comma-separated).",
+            show_default=False,
+        ),
     ] = None,
     seq_len: Annotated[
-        list[int] | None,
+        list[str] | None,
         typer.Option(
-            "--seq-len", "-s", min=1, help="Sequence length (repeatable).", show_default=False
+            "--seq-len",
+            "-s",
+            metavar="S[,S…]",
+            help="Sequence length (repeatable, or comma-separated).",
+            show_default=False,
         ),
     ] = None,
     precision: PrecisionOpt = None,
@@ -272,7 +325,7 @@ def sweep_cmd(
 
     Exit 0 when at least one scenario has a plan, 1 when none has.
 
-    Example: ndplan sweep -m llama-3-8b -m llama-3-70b -d h100 -n 64 -n 128 --gbs 512 -s 8192
+    Example: ndplan sweep -m llama-3-8b,llama-3-70b -d h100 -n 64 -n 128 --gbs 512 -s 8192
 
     Example: ndplan sweep sweep.yaml --executor ray --ray-address ray://head:10001 --csv out.csv
     """
@@ -285,12 +338,9 @@ def sweep_cmd(
         if csv_out is not None:
             check_output_file(csv_out, "--csv", force=force)
         file_values = load_sweep_file(file) if file is not None else {}
+        given = {"model": model, "device": device, "devices": devices, "gbs": gbs}
         flags = {
-            "model": model,
-            "device": device,
-            "devices": devices,
-            "gbs": gbs,
-            "seq_len": seq_len,
+            key: flag_values(key, values) for key, values in {**given, "seq_len": seq_len}.items()
         }
         combos = expand(file_values, flags)
         if job_file is not None:

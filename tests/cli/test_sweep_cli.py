@@ -75,6 +75,26 @@ def test_a_value_given_twice_is_one_scenario(capsys) -> None:
     assert [(r["devices"], r["gbs"]) for r in rows] == [(8, 64)]
 
 
+def test_comma_separated_values_are_the_same_as_repeated_flags(capsys) -> None:
+    common = ["-d", "h100", "-s", "2048", "-j", "1"]
+    repeated = sweep_json(
+        capsys,
+        "-m",
+        "llama-3-8b",
+        "-m",
+        "qwen2.5-7b",
+        "-n",
+        "8",
+        "-n",
+        "16",
+        "--gbs",
+        "64",
+        *common,
+    )
+    listed = sweep_json(capsys, "-m", "llama-3-8b,qwen2.5-7b", "-n", "8,16", "--gbs", "64", *common)
+    assert listed == repeated and len(listed) == 4
+
+
 def test_one_model_and_device_named_twice_is_one_scenario_and_said(capsys) -> None:
     """Aliases (h100 and h100-sxm, llama3-8b and llama-3-8b) name one problem: it is
     searched once, under the first names, and stderr says which were folded into it."""
@@ -144,6 +164,18 @@ def test_no_feasible_scenario_exits_1(capsys) -> None:
         (["-m", "llama-9", "-d", "h100", "-n", "8", "--gbs", "8", "-s", "2048"], "llama-9"),
         (["-m", "llama-3-8b", "-d", "h100", "-n", "8"], "missing gbs, seq_len"),
         (["-m", "llama-3-8b", "-d", "h1OO", "-n", "8", "--gbs", "8", "-s", "2048"], "h1OO"),
+        (
+            ["-m", "llama-3-8b", "-d", "h100", "-n", "8,x", "--gbs", "8", "-s", "2048"],
+            "-n/--devices 8,x: 'x' is not a whole number; give -n 8 -n 16 or -n 8,16",
+        ),
+        (
+            ["-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "0", "-s", "2048"],
+            "--gbs 0: 0 must be at least 1",
+        ),
+        (
+            ["-m", "llama-3-8b,", "-d", "h100", "-n", "8", "--gbs", "8", "-s", "2048"],
+            "-m/--model llama-3-8b,: an empty value; give e.g. llama-3-8b,llama-3-70b",
+        ),
     ],
 )
 def test_bad_inputs_fail_the_sweep_with_one_line(capsys, args: list[str], needle: str) -> None:
