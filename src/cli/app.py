@@ -99,9 +99,26 @@ def root(
         ),
     ] = None,
     verbose: Annotated[
-        int, typer.Option("--verbose", "-v", count=True, help="More diagnostics.")
+        int,
+        typer.Option(
+            "--verbose",
+            "-v",
+            count=True,
+            show_default=False,
+            help="More diagnostics: -v names the executor and its workers; -vv adds a line "
+            "per priced candidate (and prices in one process).",
+        ),
     ] = 0,
-    quiet: Annotated[int, typer.Option("--quiet", "-q", count=True, help="Fewer diagnostics.")] = 0,
+    quiet: Annotated[
+        int,
+        typer.Option(
+            "--quiet",
+            "-q",
+            count=True,
+            show_default=False,
+            help="Fewer diagnostics: -q drops notes (the assumed: line), -qq warnings too.",
+        ),
+    ] = 0,
 ) -> None:
     st = state(ctx)
     st.plugins = list(plugin or [])
