@@ -338,10 +338,8 @@ def sweep_cmd(
         if csv_out is not None:
             check_output_file(csv_out, "--csv", force=force)
         file_values = load_sweep_file(file) if file is not None else {}
-        given = {"model": model, "device": device, "devices": devices, "gbs": gbs}
-        flags = {
-            key: flag_values(key, values) for key, values in {**given, "seq_len": seq_len}.items()
-        }
+        given = dict(zip(GRID_KEYS, (model, device, devices, gbs, seq_len), strict=True))
+        flags = {key: flag_values(key, values) for key, values in given.items()}
         combos = expand(file_values, flags)
         if job_file is not None:
             job_values, job_from = load_job_file(job_file), str(job_file)

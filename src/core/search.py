@@ -27,7 +27,7 @@ import math
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache, partial
@@ -159,6 +159,11 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
     d["schedule"] = SCHEDULES[d["schedule"]]
     d["split"] = SPLITS[d["split"]]
     return d
+
+
+def candidate_text(candidate: Mapping[str, Any]) -> str:
+    """``tp=2 pp=4 … schedule=1f1b``: a candidate's fields as error and debug lines show them."""
+    return " ".join(f"{key}={value}" for key, value in candidate.items())
 
 
 def balanced_policies(

@@ -21,14 +21,14 @@ from importlib import metadata
 from typing import Any
 
 from ndplan.core.errors import InternalError, NdplanError, PluginError
-from ndplan.core.search import Candidate, SearchPricing, candidate_dict
+from ndplan.core.search import Candidate, SearchPricing, candidate_dict, candidate_text
 
 ENTRY_POINT_GROUP = "ndplan"
 
 
 def describe_candidate(c: Candidate) -> str:
     """``tp=2 pp=4 … schedule=1f1b``: every degree of one candidate, for error lines."""
-    return " ".join(f"{k}={v}" for k, v in candidate_dict(c).items())
+    return candidate_text(candidate_dict(c))
 
 
 def entry_point_modules() -> tuple[str, ...]:

@@ -9,11 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-GIB = 2**30
-
-
-def candidate_text(candidate: Mapping[str, Any]) -> str:
-    return " ".join(f"{key}={value}" for key, value in candidate.items())
+from ndplan.core.search import candidate_text
+from ndplan.core.units import GiB
 
 
 class StderrLinesSink:
@@ -36,7 +33,7 @@ class StderrLinesSink:
         if self._peak is not None:
             total, stage = self._peak
             where = f" (stage {stage})" if stage is not None else ""
-            peak = f"peak {total / GIB:.2f} GiB{where}, "
+            peak = f"peak {total / GiB:.2f} GiB{where}, "
             self._peak = None
         sys.stderr.write(f"priced {candidate_text(candidate)}: {peak}step {parts['step']:.4f} s\n")
 
