@@ -71,6 +71,7 @@ class RowResult:
     assumed: list[str] = field(default_factory=list)
     parts: dict[str, float] = field(default_factory=dict)
     release: str = ""
+    precision: str = ""
 
     @property
     def error(self) -> float:
@@ -139,6 +140,7 @@ def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> Row
         assumed=assumed,
         parts=dict(priced.time.parts),
         release=case.release,
+        precision=case.job.precision,
     )
 
 

@@ -47,7 +47,8 @@ STATS_COLUMNS = [
 
 
 def summary_sections(results: list[RowResult]) -> dict[str, list[tuple[str, ErrorStats]]]:
-    """The statistics compare prints: by split and model type, source, hardware, family."""
+    """The statistics compare prints: by split and model type, source, hardware, family,
+    family and precision."""
     clean = [r for r in results if not r.check]
     sections: dict[str, list[tuple[str, ErrorStats]]] = {}
     overall = []
@@ -69,6 +70,12 @@ def summary_sections(results: list[RowResult]) -> dict[str, list[tuple[str, Erro
         ("source", lambda r: r.source),
         ("hardware", lambda r: r.hardware),
         ("family", lambda r: f"{r.family} ({'MoE' if r.moe else 'dense'})"),
+        # One family's bias can differ by precision (the kernels differ): a bias the family
+        # figure averages away shows here.
+        (
+            "family and precision",
+            lambda r: f"{r.family} · {r.precision} ({'MoE' if r.moe else 'dense'})",
+        ),
     ):
         sections[name] = [(g.key, g.stats) for g in group_stats(clean, key, name)]
     return sections
@@ -298,6 +305,7 @@ def _row_json(r: RowResult) -> dict:
         "model": r.model,
         "family": r.family,
         "hardware": r.hardware,
+        "precision": r.precision,
         "moe": r.moe,
         "measured_step_s": r.measured_s,
         "predicted_step_s": r.predicted_s,

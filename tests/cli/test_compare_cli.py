@@ -137,7 +137,20 @@ def test_compare_prices_every_row_that_states_enough(compare_all: dict) -> None:
         "test rows (odd row_id) · MoE",
         "CHECK rows (source contradicts itself)",
     } == overall
-    assert set(compare_all["summary"]) == {"overall", "source", "hardware", "family"}
+    assert set(compare_all["summary"]) == {
+        "overall",
+        "source",
+        "hardware",
+        "family",
+        "family and precision",
+    }
+    # Each clean row falls in one family-and-precision group, named by what it ran.
+    by_precision = compare_all["summary"]["family and precision"]
+    clean = [r for r in rows if not r["check"]]
+    assert sum(g["rows"] for g in by_precision) == len(clean)
+    for r in clean:
+        label = f"{r['family']} · {r['precision']} ({'MoE' if r['moe'] else 'dense'})"
+        assert label in {g["group"] for g in by_precision}, label
     assert compare_all["memory"] and compare_all["ranking"]
 
 
