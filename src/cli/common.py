@@ -331,6 +331,15 @@ A2A_OVERLAP_IDLE = "warning: --moe-a2a-overlap has no effect: {}; priced without
 """Said by search and estimate where Megatron's combined 1F1B schedule cannot run."""
 
 
+def check_choice(where: str, value: object, choices: tuple[str, ...]) -> None:
+    """One named choice (a recompute policy, a schedule) from a flag or a file: a clear
+    error naming the choices."""
+    if value not in choices:
+        raise InvalidInputError(
+            f"{where}: {value!r} unknown; use {', '.join(choices[:-1])} or {choices[-1]}"
+        )
+
+
 def a2a_overlap_inapplicable(layout: Layout) -> str | None:
     """Why Megatron's combined 1F1B schedule (``--moe-a2a-overlap``) does nothing for
     ``layout``, or None where it runs: it pairs the EP all-to-alls of one micro-batch with

@@ -13,6 +13,7 @@ from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, field_error
 from ndplan.core.layout import Layout
 from ndplan.core.plan import BalanceResult, Plan
+from ndplan.core.search import RECOMPUTES
 from ndplan.planner import PricingOptions
 
 from .common import (
@@ -45,6 +46,7 @@ from .common import (
     WgradDeferralLimitOpt,
     a2a_overlap_inapplicable,
     build_context,
+    check_choice,
 )
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout
@@ -243,10 +245,7 @@ def _layout_command(
     as_json: Json = False,
 ) -> None:
     """``estimate`` and ``balance``: one layout from the flags, priced or balanced."""
-    if recompute not in ("none", "selective", "full", "auto"):
-        raise InvalidInputError(
-            f"--recompute: '{recompute}' unknown; use none, selective, full or auto"
-        )
+    check_choice("--recompute", recompute, RECOMPUTES)
     if memory_mode not in ("ndplan", "megatron"):
         raise InvalidInputError(f"--memory-mode: '{memory_mode}' unknown; use ndplan or megatron")
     if schedule is not None and schedule not in ("1f1b", "interleaved", "gpipe", "dualpipev"):

@@ -27,7 +27,7 @@ from ndplan.core.frameworks import FrameworkTraits
 from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label, parse_layout_label
 from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.ports import DebugSink
-from ndplan.core.search import FIELDS, SearchOutcome
+from ndplan.core.search import FIELDS, RECOMPUTES, SCHEDULES, SearchOutcome
 from ndplan.planner import REBALANCE_CONFLICT, PricingOptions
 
 from . import interrupts
@@ -60,6 +60,7 @@ from .common import (
     TpOverlapOpt,
     WgradDeferralLimitOpt,
     build_context,
+    check_choice,
     read_yaml,
 )
 from .executors import PER_CANDIDATE_VERBOSITY, ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
@@ -202,8 +203,10 @@ def _check_space_value(field: str, value: Any, where: str) -> None:
                 raise InvalidInputError(f"{where}: ZeRO stage {v} does not exist; use 0–3")
         elif field in BOOL_DIMS and not isinstance(v, bool):
             raise InvalidInputError(f"{where}: {v!r} is not true or false")
-        elif field in ("recompute", "schedule") and not isinstance(v, str):
-            raise InvalidInputError(f"{where}: {v!r} is not a name")
+        elif field == "recompute":
+            check_choice(where, v, RECOMPUTES)
+        elif field == "schedule":
+            check_choice(where, v, SCHEDULES)
 
 
 def build_space(
@@ -714,10 +717,8 @@ def search_cmd(
             strict=strict,
             options=options,
         )
-        if recompute is not None and recompute not in ("none", "selective", "full", "auto"):
-            raise InvalidInputError(
-                f"--recompute: '{recompute}' unknown; use none, selective, full or auto"
-            )
+        if recompute is not None:
+            check_choice("--recompute", recompute, RECOMPUTES)
         fixed = {
             "tp": tp,
             "pp": pp,

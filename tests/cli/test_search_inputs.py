@@ -258,6 +258,13 @@ def test_a_fixed_etp_apart_from_tp_is_searched_as_estimate_prices_it(capsys) -> 
         ("reserve: -1\n", "reserve: must be a non-negative number of GiB, got -1"),
         ("max_tp: 0\n", "max_tp: must be a whole number ≥ 1, got 0"),
         ("balance_layers: 0\n", "balance_layers: must be true or false, got 0"),
+        # Named choices name every choice, as the flags do (this read 'recompute.1: Input
+        # should be ...', pydantic's path into the list).
+        (
+            "recompute: [full, bogus]\n",
+            "recompute: 'bogus' unknown; use none, selective, full or auto",
+        ),
+        ("schedule: [1f1b, 2]\n", "schedule: 2 unknown; use 1f1b, interleaved, gpipe or dualpipev"),
     ],
 )
 def test_space_file_values_of_the_wrong_type_are_refused(
@@ -267,6 +274,15 @@ def test_space_file_values_of_the_wrong_type_are_refused(
     space.write_text(text, encoding="utf-8")
     code, out, err = invoke(capsys, "search", *SMALL, "--space", str(space))
     assert code == 3 and out == "" and says in error_line(err)
+
+
+def test_a_baseline_names_the_schedules_it_could_have(capsys) -> None:
+    code, out, err = invoke(capsys, "search", *SMALL, "--baseline", "tp=2,schedule=bogus")
+    assert code == 3 and out == ""
+    assert error_line(err) == (
+        "ndplan: error: --baseline: schedule: 'bogus' unknown; "
+        "use 1f1b, interleaved, gpipe or dualpipev"
+    )
 
 
 def test_a_listed_zero_stage_the_framework_lacks_is_refused(capsys, tmp_path: Path) -> None:
