@@ -37,6 +37,33 @@ def layout_line(plan: Plan) -> str:
     return " · ".join(parts)
 
 
+def estimate_flags(plan: Plan) -> str:
+    """The plan's layout as ``ndplan estimate`` flags (``--tp 4 --pp 4 --vpp 4 …``): with
+    the search's own flags they price this plan again, or balance it (``ndplan balance``).
+    An uneven split comes with its ``--layers-per-chunk``."""
+    lay = plan.layout
+    flags = [f"--tp {lay.tp}", f"--pp {lay.pp}"]
+    if lay.vpp > 1:
+        flags.append(f"--vpp {lay.vpp}")
+    flags += [f"--cp {lay.cp}", f"--dp {lay.dp}"]
+    if lay.ep > 1:
+        flags.append(f"--ep {lay.ep}")
+    if lay.ep > 1 or lay.expert_tp != lay.tp:  # expert TP means nothing without experts
+        flags.append(f"--etp {lay.expert_tp}")
+    flags += [
+        f"--mbs {lay.mbs}",
+        f"--zero {lay.zero}",
+        "--sp" if lay.sequence_parallel else "--no-sp",
+        f"--schedule {lay.schedule}",
+        f"--recompute {lay.recompute}",
+    ]
+    if lay.offload_optimizer:
+        flags.append("--offload-optimizer")
+    if plan.uneven_split():
+        flags.append("--layers-per-chunk " + ",".join(str(n) for n in plan.chunk_layers()))
+    return " ".join(flags)
+
+
 def split_line(plan: Plan) -> str | None:
     """``layers per chunk: 4 ×15, 1`` when the decoder layers do not split evenly over the
     pipeline chunks (a remainder, the embedding and loss as layers, an MTP model's last
@@ -139,11 +166,17 @@ def header(ctx: PricingContext) -> str:
     )
 
 
-def plan_report(ctx: PricingContext, plan: Plan, layout_flag: bool = False) -> Group:
+def plan_report(
+    ctx: PricingContext, plan: Plan, layout_flag: bool = False, flags: bool = False
+) -> Group:
     """The plan's layout, memory, time and recompute; with an uneven split (or
     ``layout_flag``: the balancer's placement, even or not) the Megatron flag that places
-    the layers so."""
+    the layers so; with ``flags`` (a plan the search chose) its ``ndplan estimate`` flags."""
     items = [Text(header(ctx), style="bold"), Text("layout: " + layout_line(plan))]
+    if flags:  # one line whatever the width: it is pasted after the search's own flags
+        items.append(
+            Text("estimate flags: " + estimate_flags(plan), no_wrap=True, overflow="ignore")
+        )
     split = split_line(plan)
     if split is not None:
         items.append(Text(split))

@@ -843,7 +843,7 @@ def search_cmd(
             chosen = result.plans[explain - 1]
             title = "best plan:" if explain == 1 else f"plan {explain}:"
             stdout.print(Text(title, style="bold"))
-            stdout.print(plan_report(pctx, chosen), crop=False)
+            stdout.print(plan_report(pctx, chosen, flags=True), crop=False)
         for warning in (
             never_tried_warning(result, pctx.cluster.num_devices, pctx.job.global_batch_size),
             unfilled_pipeline_warning(result.plans),

@@ -99,6 +99,50 @@ def read_csv(path: Path) -> list[dict[str, str]]:
 # ----------------------------------------------------------------------------- --json
 
 
+@pytest.mark.parametrize(
+    ("argv", "uneven"),
+    [
+        (TIGHT, False),
+        # MoE, with EP, and the default split uneven (27 layers over 16 chunks)
+        (
+            (
+                "-m",
+                "deepseek-v2-lite",
+                "-d",
+                "h100",
+                "-n",
+                "16",
+                "--gbs",
+                "64",
+                "-s",
+                "4096",
+                "--pp",
+                "4",
+            ),
+            True,
+        ),
+    ],
+)
+def test_the_best_plans_estimate_flags_price_it_again(capsys, argv: tuple, uneven: bool) -> None:
+    """The report's 'estimate flags:' line, after the search's own flags, gives estimate
+    the very plan the search ranked first: the same step time and peak, to the bit."""
+    code, out, err = invoke(capsys, "search", *argv, "-t", "1")
+    assert code == 0, err
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("estimate flags: ")]
+    flags = line.removeprefix("estimate flags: ").split()
+    assert ("--layers-per-chunk" in flags) == uneven
+    best = search_json(capsys, *argv, "-t", "1")["plans"][0]
+    problem = argv[:-2] if argv[-2] == "-j" else argv  # estimate runs no workers
+    code, out, err = invoke(capsys, "estimate", *problem, *flags, "--json")
+    assert code == 0, err
+    again = json.loads(out)
+    assert again["time"]["step_s"] == best["time"]["step_s"]
+    assert again["memory"]["peak_bytes"] == best["memory"]["peak_bytes"]
+    # A layout that leaves expert TP unstated runs it at TP's own degree.
+    stated = again["layout"]
+    assert {**stated, "etp": stated["etp"] or stated["tp"]} == best["layout"]
+
+
 def test_json_is_a_summary_and_plans_shaped_like_estimate_plus_a_rank(capsys) -> None:
     data = search_json(capsys, *TIGHT, "--top", "4")
     s = data["summary"]
