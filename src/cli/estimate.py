@@ -13,7 +13,7 @@ from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, field_error
 from ndplan.core.layout import Layout
 from ndplan.core.plan import BalanceResult, Plan
-from ndplan.core.search import RECOMPUTES
+from ndplan.core.search import RECOMPUTES, SCHEDULES
 from ndplan.planner import PricingOptions
 
 from .common import (
@@ -246,12 +246,9 @@ def _layout_command(
 ) -> None:
     """``estimate`` and ``balance``: one layout from the flags, priced or balanced."""
     check_choice("--recompute", recompute, RECOMPUTES)
-    if memory_mode not in ("ndplan", "megatron"):
-        raise InvalidInputError(f"--memory-mode: '{memory_mode}' unknown; use ndplan or megatron")
-    if schedule is not None and schedule not in ("1f1b", "interleaved", "gpipe", "dualpipev"):
-        raise InvalidInputError(
-            f"--schedule: '{schedule}' unknown; use 1f1b, interleaved, gpipe or dualpipev"
-        )
+    check_choice("--memory-mode", memory_mode, ("ndplan", "megatron"))
+    if schedule is not None:
+        check_choice("--schedule", schedule, SCHEDULES)
     options = PricingOptions(
         memory_model=memory_mode,
         max_mem_gib=max_mem,

@@ -123,3 +123,18 @@ def test_estimate_says_when_tp_spans_beyond_the_scale_up_domain(capsys) -> None:
     assert "unless given --max-tp 16" in err
     code = run(["estimate", *problem, "--tp", "8", "--pp", "4"])
     assert code == 0 and "scale-up domain" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "flag", "choices"),
+    [
+        ("estimate", "--recompute", "none, selective, full or auto"),
+        ("estimate", "--schedule", "1f1b, interleaved, gpipe or dualpipev"),
+        ("estimate", "--memory-mode", "ndplan or megatron"),
+        ("balance", "--recompute", "none, selective, full or auto"),
+        ("search", "--recompute", "none, selective, full or auto"),
+    ],
+)
+def test_a_named_choice_given_wrong_names_every_choice(capsys, command, flag, choices) -> None:
+    line = error_line(capsys, command, *PROBLEM, flag, "bogus")
+    assert line == f"ndplan: error: {flag}: 'bogus' unknown; use {choices}"
