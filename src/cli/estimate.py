@@ -332,7 +332,7 @@ def _layout_command(
         if as_json:
             print_json(result)
         else:
-            stdout.print(plan_report(pctx, plan, layout_flag=True), crop=False)
+            stdout.print(plan_report(pctx, plan, layout_flag=True, flags=True), crop=False)
             stdout.print(Text(balance_line(result, given=layers_per_chunk is not None)))
     else:
         plan = planner.estimate(pctx, layout, options)

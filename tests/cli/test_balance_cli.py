@@ -37,6 +37,21 @@ def test_balance_prints_the_placement_its_gain_and_the_megatron_layout(capsys) -
     assert flag.count("t") == 32
     assert "layers per chunk: " in out  # the plan report of the balanced placement
     assert sum(x.startswith("megatron: ") for x in out.splitlines()) == 1  # said once
+    # ... and as estimate flags, which price the balanced placement again to the bit
+    flags = next(x for x in out.splitlines() if x.startswith("estimate flags: "))
+    flags = flags.removeprefix("estimate flags: ").split()
+    assert "--layers-per-chunk" in flags
+    code, again, err = run_estimate_flags(capsys, *PP16, *flags, "--json")
+    assert code == 0, err
+    code, balanced, err = invoke(capsys, *PP16, "--recompute", "auto", "--json")
+    assert code == 0, err
+    assert json.loads(again)["time"]["step_s"] == json.loads(balanced)["balanced"]["time"]["step_s"]
+
+
+def run_estimate_flags(capsys, *argv: str) -> tuple[int, str, str]:
+    code = run(["estimate", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 def test_balance_json_is_the_start_and_the_balanced_plan(capsys) -> None:
