@@ -138,11 +138,14 @@ def _values(key: str, value: Any, where: str) -> list[Any]:
     return list(dict.fromkeys(out))  # `-n 8 -n 8` is one scenario, not the same one twice
 
 
-def expand(file_values: dict[str, Any], flags: dict[str, list[Any] | None]) -> list[dict]:
+def expand(
+    file_values: dict[str, Any], flags: dict[str, list[Any] | None], source: str | None = None
+) -> list[dict]:
     """Every (model, device, devices, gbs, seq_len) combination, in grid order.
 
     Flags replace the file's top-level values; entries of ``scenarios`` are grids of
-    their own, taking missing keys from the top level."""
+    their own, taking missing keys from the top level. A bad value names ``source``,
+    the sweep file (the flags' values were checked as they were read)."""
     top = {k: file_values[k] for k in GRID_KEYS if k in file_values}
     top.update({k: v for k, v in flags.items() if v})
     entries = [
@@ -151,13 +154,14 @@ def expand(file_values: dict[str, Any], flags: dict[str, list[Any] | None]) -> l
     ]
     out: list[dict] = []
     for i, entry in enumerate(entries):
-        where = f"scenarios[{i}]: " if file_values.get("scenarios") else ""
+        where = f"{source}: " if source else ""
+        where += f"scenarios[{i}]: " if file_values.get("scenarios") else ""
         missing = [k for k in GRID_KEYS if k not in entry]
         if missing:
             raise InvalidInputError(
                 f"{where}missing {', '.join(missing)}: give "
                 + ", ".join(FLAGS[k] for k in missing)
-                + " or set them in the sweep file"
+                + f" or set {'it' if len(missing) == 1 else 'them'} in the sweep file"
             )
         axes = [_values(k, entry[k], where) for k in GRID_KEYS]
         out.extend(dict(zip(GRID_KEYS, combo, strict=True)) for combo in itertools.product(*axes))
@@ -340,7 +344,7 @@ def sweep_cmd(
         file_values = load_sweep_file(file) if file is not None else {}
         given = dict(zip(GRID_KEYS, (model, device, devices, gbs, seq_len), strict=True))
         flags = {key: flag_values(key, values) for key, values in given.items()}
-        combos = expand(file_values, flags)
+        combos = expand(file_values, flags, str(file) if file is not None else None)
         if job_file is not None:
             job_values, job_from = load_job_file(job_file), str(job_file)
         else:

@@ -194,6 +194,19 @@ def test_unknown_key_in_the_file(capsys, tmp_path: Path) -> None:
     assert "scenarios[0]: unknown key 'devise'; did you mean device" in capsys.readouterr().err
 
 
+def test_a_bad_value_in_the_file_names_the_file(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    grid = "model: llama-3-8b\ndevice: h100\ngbs: 64\nseq_len: 4096\n"
+    path.write_text(grid + "devices: [8, x]\n", encoding="utf-8")
+    assert run(["sweep", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert f"{path}: devices: expected positive integers, got 'x'" in err
+    path.write_text(grid + "scenarios:\n  - {devices: 0}\n", encoding="utf-8")
+    assert run(["sweep", str(path)]) == 3
+    err = capsys.readouterr().err
+    assert f"{path}: scenarios[0]: devices: expected positive integers, got 0" in err
+
+
 def test_a_plugin_error_aborts_the_sweep_naming_the_scenario(
     capsys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
