@@ -15,7 +15,7 @@ from ndplan.core.fitting import ErrorStats
 from ndplan.planner import Planner
 from ndplan.validation import RowResult, compare, fit_calibration, group_stats, ranking_groups
 
-from .common import CalibrationOpt
+from .common import CalibrationOpt, check_choice
 from .options import DeviceFiles, Json, state
 from .output import check_output_file, note, print_json, stdout, table, write_atomic
 from .progress import progress_reporter
@@ -110,8 +110,7 @@ def compare_cmd(
     Rows that lack the architecture, degrees or batch are skipped with their reason.
     Example: ndplan compare runs.csv --rows odd
     """
-    if rows not in ("all", "even", "odd"):
-        raise InvalidInputError(f"--rows: '{rows}' unknown; use all, even or odd")
+    check_choice("--rows", rows, ("all", "even", "odd"))
     if fit is not None:
         check_output_file(fit, "--fit", force=force)
     planner = Planner(state(ctx).components(device_file))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 from pydantic import ValidationError
@@ -12,7 +12,7 @@ from rich.text import Text
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, field_error
 from ndplan.core.layout import Layout
-from ndplan.core.plan import BalanceResult, Plan
+from ndplan.core.plan import BalanceResult, MemoryMode, Plan
 from ndplan.core.search import RECOMPUTES, SCHEDULES
 from ndplan.planner import PricingOptions
 
@@ -246,7 +246,7 @@ def _layout_command(
 ) -> None:
     """``estimate`` and ``balance``: one layout from the flags, priced or balanced."""
     check_choice("--recompute", recompute, RECOMPUTES)
-    check_choice("--memory-mode", memory_mode, ("ndplan", "megatron"))
+    check_choice("--memory-mode", memory_mode, get_args(MemoryMode))
     if schedule is not None:
         check_choice("--schedule", schedule, SCHEDULES)
     options = PricingOptions(
