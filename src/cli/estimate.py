@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Annotated, Any, get_args
 
 import typer
@@ -10,9 +11,10 @@ from pydantic import ValidationError
 from rich.text import Text
 
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InvalidInputError, field_error
+from ndplan.core.errors import InfeasibleError, InvalidInputError, field_error
 from ndplan.core.layout import Layout
 from ndplan.core.plan import BalanceResult, MemoryMode, Plan
+from ndplan.core.ports import Exporter
 from ndplan.core.search import RECOMPUTES, SCHEDULES
 from ndplan.planner import PricingOptions
 
@@ -48,6 +50,7 @@ from .common import (
     build_context,
     check_choice,
 )
+from .export import ExportOpt, OutOpt, check_out, exporter_for, write_export
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout
 from .render import plan_report, unfilled_pipeline_warning
@@ -243,8 +246,14 @@ def _layout_command(
     strict: Strict = False,
     device_file: DeviceFiles = None,
     as_json: Json = False,
+    export: ExportOpt = None,
+    out: OutOpt = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Overwrite the --out file if it exists.")
+    ] = False,
 ) -> None:
     """``estimate`` and ``balance``: one layout from the flags, priced or balanced."""
+    check_out(export, out, force=force)
     check_choice("--recompute", recompute, RECOMPUTES)
     check_choice("--memory-mode", memory_mode, get_args(MemoryMode))
     if schedule is not None:
@@ -285,6 +294,7 @@ def _layout_command(
         strict=strict,
         options=options,
     )
+    exporter = exporter_for(planner.components, export, pctx.framework.name) if export else None
     if zero is None:
         zero = pctx.recorder.default(
             "layout.zero", pctx.framework.default_zero, f"{pctx.framework.name} default"
@@ -329,6 +339,7 @@ def _layout_command(
             )
         result = planner.balance(pctx, layout, options)
         plan = result.balanced
+        _export(exporter, plan, pctx, out)
         if as_json:
             print_json(result)
         else:
@@ -336,6 +347,7 @@ def _layout_command(
             stdout.print(Text(balance_line(result, given=layers_per_chunk is not None)))
     else:
         plan = planner.estimate(pctx, layout, options)
+        _export(exporter, plan, pctx, out)
         if as_json:
             print_json(plan)
         else:
@@ -348,6 +360,22 @@ def _layout_command(
         note(line)
 
 
+def _export(exporter: Exporter | None, plan: Plan, pctx: PricingContext, out: Path | None) -> None:
+    """Before anything is printed: a plan that does not fit is not written (exit 1)."""
+    if exporter is None or out is None:
+        return
+    if not plan.memory.fits:
+        raise InfeasibleError(f"--export: the plan is {over_memory(plan)}; no file written")
+    write_export(exporter, plan, pctx, out, rank=None)
+
+
+def over_memory(plan: Plan) -> str:
+    m = plan.memory
+    return (
+        f"over memory by {(m.peak_bytes - m.budget_bytes) / 2**30:.2f} GiB on stage {m.peak_stage}"
+    )
+
+
 def balance_line(result: BalanceResult, *, given: bool) -> str:
     """How the balanced placement compares with the split it started from."""
     start, best = result.start, result.balanced
@@ -357,11 +385,7 @@ def balance_line(result: BalanceResult, *, given: bool) -> str:
     if start.layout.layers_per_stage == best.layout.layers_per_stage or result.moved == 0:
         return f"balanced: no move makes {split} faster within memory ({priced})"
     gib = 2**30
-
-    def over(plan: Plan) -> str:
-        m = plan.memory
-        return f"over memory by {(m.peak_bytes - m.budget_bytes) / gib:.2f} GiB on stage {m.peak_stage}"
-
+    over = over_memory
     if not best.memory.fits:
         return (
             f"balanced: no placement fits; the closest is {over(best)} ({split}: "

@@ -64,6 +64,7 @@ from .common import (
     read_yaml,
 )
 from .executors import PER_CANDIDATE_VERBOSITY, ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
+from .export import ExportOpt, OutOpt, check_out, exporter_for, write_export
 from .options import DeviceFiles, Json, Strict, state
 from .output import (
     check_output_file,
@@ -642,6 +643,8 @@ def search_cmd(
             show_default=False,
         ),
     ] = None,
+    export: ExportOpt = None,
+    out: OutOpt = None,
     force: Annotated[
         bool, typer.Option("--force", help="Overwrite output files that exist.")
     ] = False,
@@ -672,6 +675,7 @@ def search_cmd(
     ) as pool:
         if ranking_out is not None:
             check_output_file(ranking_out, "--ranking-csv", force=force)
+        check_out(export, out, force=force)
         if explain > top:  # only the top K are kept
             raise InvalidInputError(
                 f"--explain {explain}: only the top {top} plans are kept; "
@@ -717,6 +721,7 @@ def search_cmd(
             strict=strict,
             options=options,
         )
+        exporter = exporter_for(planner.components, export, pctx.framework.name) if export else None
         if recompute is not None:
             check_choice("--recompute", recompute, RECOMPUTES)
         fixed = {
@@ -820,6 +825,8 @@ def search_cmd(
             )
         if ranking_out is not None:
             write_atomic(ranking_out, ranking_csv(outcome), force=True)
+        if exporter is not None and out is not None:
+            write_export(exporter, result.plans[explain - 1], pctx, out, rank=explain)
         if as_json:
             print_json(result_json(result))
         else:

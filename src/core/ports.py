@@ -8,6 +8,7 @@ adapters that implement them register through the plugin hooks
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -185,6 +186,18 @@ class ModelReader(Protocol):
     def read(self, path: Path, recorder: Any) -> ModelSpec: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Exported:
+    """A plan written in a framework's terms."""
+
+    text: str
+    """The config; the caller writes it atomically."""
+    caveats: tuple[str, ...] = ()
+    """One line each: where the framework cannot run the plan exactly as it was priced
+    (a per-layer recompute choice it has no switch for, a degree it takes from the model
+    code) and what the text does instead. The caller shows them to the user."""
+
+
 @runtime_checkable
 class Exporter(Protocol):
     """Writes a plan as a framework's config (Megatron arguments, torchtitan TOML, ...).
@@ -195,9 +208,13 @@ class Exporter(Protocol):
 
     name: str
     suffix: str
+    """The file name ending the format uses (``.sh``, ``.toml``)."""
+    framework: str | None
+    """The framework whose plans it writes (a plan searched for another framework may
+    use options this one lacks); None writes a plan of any."""
 
-    def render(self, plan: Plan, model: ModelSpec) -> str:
-        """The config text; the caller writes it atomically."""
+    def render(self, plan: Plan, ctx: PricingContext) -> Exported:
+        """The config of ``plan``, priced in ``ctx`` (the model, cluster and job)."""
         ...
 
 

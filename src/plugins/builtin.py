@@ -93,3 +93,18 @@ def ndplan_register_debug_sinks(registry):
     registry.add("jsonl", JsonLinesSink)
     registry.add("null", NullSink)
     registry.add("stderr", StderrLinesSink)
+
+
+@hookimpl(trylast=True)
+def ndplan_register_exporters(registry):
+    from ndplan.adapters.exporters.deepspeed import DeepSpeedExporter
+    from ndplan.adapters.exporters.megatron import MegatronExporter
+    from ndplan.adapters.exporters.mindformers import MindFormersExporter
+    from ndplan.adapters.exporters.ndplan import NdplanExporter
+    from ndplan.adapters.exporters.torchtitan import TorchtitanExporter
+
+    registry.add("megatron", MegatronExporter())
+    registry.add("torchtitan", TorchtitanExporter())
+    registry.add("mindformers", MindFormersExporter())
+    registry.add("deepspeed", DeepSpeedExporter())
+    registry.add("ndplan", NdplanExporter())

@@ -113,5 +113,7 @@ def ndplan_register_debug_sinks(registry):
 def ndplan_register_exporters(registry):
     """Contribute exporters of plans to framework configs (the Exporter port).
 
-    :param registry: a registry of :class:`ndplan.core.ports.Exporter` by format name.
+    :param registry: a registry of :class:`ndplan.core.ports.Exporter` by format name
+        (``--export NAME``). Built in: ``megatron``, ``torchtitan``, ``mindformers``,
+        ``deepspeed``, ``ndplan``.
     """

@@ -20,6 +20,7 @@ from ndplan.cli.app import run
 from ndplan.core.cluster import DeviceSpec
 from ndplan.core.errors import ExitCode, PluginError
 from ndplan.core.layout import Layout
+from ndplan.core.ports import Exported
 from ndplan.plugins import builtin, hookspecs, manager
 from ndplan.plugins.hookspecs import hookimpl
 from ndplan.plugins.manager import BUILTIN_NAME, make_plugin_manager
@@ -84,9 +85,10 @@ class StubExporter:
 
     name = "every-export"
     suffix = ".txt"
+    framework = None
 
-    def render(self, plan, model):
-        return ""
+    def render(self, plan, ctx):
+        return Exported(text="")
 
 
 class EveryHookPlugin:

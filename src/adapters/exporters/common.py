@@ -1,0 +1,91 @@
+"""What every exporter reads off a plan: its chunks of layers and their recompute options.
+
+A plan's recompute is chosen per layer (``Plan.recompute``); frameworks state it per
+model, per stage or per chunk. These helpers give each exporter the per-chunk view, so
+it can write the plan exactly where its framework can and say where it cannot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ndplan.core.context import PricingContext, chunk_stage, layer_counts
+from ndplan.core.plan import Plan
+from ndplan.core.recompute import FULL, NONE
+
+OFFLOAD = "offload"
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One pipeline chunk (a virtual stage on one pipeline rank) in chunk order."""
+
+    index: int
+    stage: int
+    start: int
+    """Its first decoder layer."""
+    options: tuple[str, ...]
+    """The recompute option of each of its decoder layers, in layer order."""
+
+    def count(self, *options: str) -> int:
+        return sum(1 for o in self.options if o in options)
+
+    def leads_with(self, option: str, n: int) -> bool:
+        """Whether exactly its first ``n`` layers run ``option``."""
+        return all((o == option) == (i < n) for i, o in enumerate(self.options))
+
+
+def chunks(plan: Plan, ctx: PricingContext) -> tuple[Chunk, ...]:
+    """The plan's chunks with each layer's recompute option (``none`` where unstated)."""
+    layout = plan.layout
+    option_of: dict[int, str] = {}
+    for r in plan.recompute:
+        for layer in range(r.start, r.stop):
+            option_of[layer] = r.option
+    out, start = [], 0
+    for i, n in enumerate(layer_counts(ctx.model, layout)):
+        options = tuple(option_of.get(layer, NONE) for layer in range(start, start + n))
+        out.append(Chunk(i, chunk_stage(layout, i), start, options))
+        start += n
+    return tuple(out)
+
+
+def options_used(parts: tuple[Chunk, ...]) -> set[str]:
+    return {o for c in parts for o in c.options}
+
+
+def switches(option: str) -> frozenset[str]:
+    """The recomputed ops of a selective option (empty for none, full and offload)."""
+    if option in (NONE, FULL, OFFLOAD):
+        return frozenset()
+    return frozenset(option.split("+"))
+
+
+def assignment_text(parts: tuple[Chunk, ...]) -> str:
+    """The per-layer choice in a few words: ``norm 38, none 36, norm+mlp 6 layers`` (most
+    first, ties by name), and how many chunks differ from the first."""
+    counts: dict[str, int] = {}
+    for c in parts:
+        for o in c.options:
+            counts[o] = counts.get(o, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(f"{o} {n}" for o, n in ranked) + " layers"
+
+
+def summary_lines(plan: Plan, ctx: PricingContext, fmt: str) -> list[str]:
+    """What the file is, for its comment header: the inputs and the prediction."""
+    job, lay = ctx.job, plan.layout
+    lines = [
+        f"ndplan plan as {fmt}: {ctx.model.name} on {ctx.cluster.num_devices} x "
+        f"{ctx.device.id}, global batch {job.global_batch_size}, sequence {job.seq_length}, "
+        f"{ctx.settings.precision}",
+        f"layout: dp {lay.dp} tp {lay.tp} pp {lay.pp} vpp {lay.vpp} cp {lay.cp} ep {lay.ep} "
+        f"mbs {lay.mbs} x {lay.num_microbatches} zero {lay.zero}",
+    ]
+    if plan.time is not None:
+        peak = plan.memory.peak_bytes / 2**30
+        lines.append(
+            f"predicted: step {plan.time.step_s:.3f} s, peak {peak:.1f} GiB on stage "
+            f"{plan.memory.peak_stage}"
+        )
+    return lines

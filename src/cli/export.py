@@ -1,0 +1,95 @@
+"""``--export FORMAT --out FILE``: the chosen plan as the config its framework runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ndplan.bootstrap import Components
+from ndplan.core.context import PricingContext
+from ndplan.core.errors import InvalidInputError, NdplanError, PluginError
+from ndplan.core.plan import Plan
+from ndplan.core.ports import Exported, Exporter
+
+from .output import check_output_file, note, write_atomic
+
+ExportOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--export",
+        metavar="FORMAT",
+        help="Write the chosen plan as a config: megatron (Megatron-LM arguments), "
+        "torchtitan (TOML), mindformers (YAML), deepspeed (JSON) — each for a plan of "
+        "that --framework — or ndplan (JSON, any framework; --baseline reads it). "
+        "Needs --out. Where the framework cannot state the plan exactly, the file says "
+        "so and a warning names what it does instead.",
+        show_default=False,
+    ),
+]
+OutOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--out",
+        help="The file --export writes (written whole or not at all; an existing file "
+        "only with --force).",
+        show_default=False,
+    ),
+]
+
+
+def check_out(export: str | None, out: Path | None, *, force: bool) -> None:
+    """Before any work: --export and --out come together, and --out can be written."""
+    if export is None and out is None:
+        return
+    if export is None:
+        raise InvalidInputError(
+            f"--out {out}: names the file --export writes; add --export megatron, torchtitan, "
+            "mindformers, deepspeed or ndplan"
+        )
+    if out is None:
+        raise InvalidInputError(f"--export {export}: give the file to write with --out FILE")
+    check_output_file(out, "--out", force=force)
+
+
+def exporter_for(components: Components, export: str, framework: str) -> Exporter:
+    """The exporter of ``export`` for plans priced for ``framework``: a framework's format
+    writes only that framework's plans, whose options (ZeRO stages, recompute switches,
+    schedules) it is sure to have."""
+    registry = components.exporters
+    if export not in registry:
+        known = ", ".join(registry)
+        raise InvalidInputError(f"--export {export}: unknown format; use one of {known}")
+    exporter = registry.get(export)
+    wants = exporter.framework
+    if wants is not None and wants != framework:
+        raise InvalidInputError(
+            f"--export {export}: the plan is priced for {framework}, whose options {wants} "
+            f"may lack; add --framework {wants} (or --export ndplan)"
+        )
+    return exporter
+
+
+def write_export(
+    exporter: Exporter, plan: Plan, ctx: PricingContext, out: Path, rank: int | None
+) -> None:
+    """Render and write atomically (``out`` was checked up front), then say what was written
+    and every caveat, on stderr."""
+    try:
+        exported = exporter.render(plan, ctx)
+    except NdplanError:
+        raise
+    except Exception as exc:  # a third-party exporter's bug: name it, exit 4
+        raise PluginError(
+            f"export format '{exporter.name}' failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(exported, Exported):
+        raise PluginError(
+            f"export format '{exporter.name}' returned a {type(exported).__name__}, not Exported"
+        )
+    write_atomic(out, exported.text, force=True)
+    for caveat in exported.caveats:
+        note(f"warning: {caveat}", warning=True)
+    which = f"plan {rank}" if rank is not None else "the plan"
+    note(f"wrote {which} as {exporter.name} to {out}")

@@ -1,0 +1,223 @@
+"""``--export FORMAT --out FILE`` (spec/interfaces.md § Configs out) on search, estimate
+and balance: the chosen plan written as its framework's config.
+
+- the file states the plan the search ranked (or estimate priced), and the ndplan format
+  reads back through ``search --baseline`` as the same plan;
+- bad combinations fail before any work, with one line, exit 3, and no file: --out
+  without --export, --export without --out, an unknown format, a framework's format for a
+  plan of another framework, an existing file without --force;
+- a plan that does not fit is not written (exit 1);
+- a third-party exporter registered through the hook gets the plan; one that raises is
+  a plugin error (exit 4) naming it, and leaves no file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ndplan.cli import output
+from ndplan.cli.app import run
+from ndplan.core.errors import ExitCode
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+INPUTS = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "32", "-s", "4096")
+PROBLEM = (*INPUTS, "-j", "1")
+TIGHT = (*PROBLEM, "--max-mem", "24")
+"""Memory is tight: the best plans recompute some layers and not others."""
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG", "NDPLAN_JOBS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(output.stdout, "_width", 200)
+    monkeypatch.syspath_prepend(str(PLUGINS))
+
+
+def invoke(capsys, *argv: str) -> tuple[int, str, str]:
+    code = run(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def bash_array(path: Path) -> list[str]:
+    out = subprocess.run(
+        ["bash", "-c", f'source "{path}"; printf "%s\\n" "${{NDPLAN_ARGS[@]}}"'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return out.stdout.splitlines()
+
+
+def value(args: list[str], flag: str) -> str:
+    return args[args.index(flag) + 1]
+
+
+def test_search_exports_the_plan_it_ranks_first_or_the_one_it_explains(
+    capsys, tmp_path: Path
+) -> None:
+    code, out, err = invoke(capsys, "search", *TIGHT, "--json", "-t", "3")
+    assert code == 0, err
+    plans = json.loads(out)["plans"]
+    for rank in (1, 3):
+        target = tmp_path / f"plan{rank}.sh"
+        code, out, err = invoke(
+            capsys, "search", *TIGHT, "-t", "3", "--explain", str(rank), "--export", "megatron",
+            "--out", str(target),
+        )  # fmt: skip
+        assert code == 0, err
+        assert f"wrote plan {rank} as megatron to {target}" in err
+        lay = plans[rank - 1]["layout"]
+        args = bash_array(target)
+        assert value(args, "--tensor-model-parallel-size") == str(lay["tp"])
+        assert value(args, "--pipeline-model-parallel-size") == str(lay["pp"])
+        assert value(args, "--context-parallel-size") == str(lay["cp"])
+        assert value(args, "--micro-batch-size") == str(lay["mbs"])
+        assert value(args, "--global-batch-size") == "32"
+        assert ("--use-distributed-optimizer" in args) == (lay["zero"] >= 1)
+        # A per-layer mix Megatron cannot state is written, said in the file and on stderr.
+        options = {r["option"] for r in plans[rank - 1]["recompute"]}
+        inexact = len(options) > 1
+        assert (
+            "# caveat: megatron: the plan recomputes per layer" in target.read_text()
+        ) == inexact
+        assert ("warning: megatron: the plan recomputes per layer" in err) == inexact
+
+
+def test_the_ndplan_format_reads_back_as_the_same_plan(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "plan.json"
+    code, out, err = invoke(
+        capsys, "search", *TIGHT, "--json", "--export", "ndplan", "--out", str(target)
+    )
+    assert code == 0, err
+    best = json.loads(out)["plans"][0]
+    written = json.loads(target.read_text())
+    assert {k: v for k, v in written.items() if k != "inputs"} == best
+    code, out, err = invoke(capsys, "search", *TIGHT, "--json", "--baseline", str(target))
+    assert code == 0, err
+    baseline = json.loads(out)["baseline"]
+    assert baseline["rank"] == 1 and baseline["gap"] == 0.0
+    assert baseline["plan"]["layout"] == best["layout"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--out", "{out}"), "--out {out}: names the file --export writes; add --export megatron"),
+        (("--export", "megatron"), "--export megatron: give the file to write with --out FILE"),
+        (("--export", "xml", "--out", "{out}"), "--export xml: unknown format; use one of "),
+        (
+            ("--export", "torchtitan", "--out", "{out}"),
+            "--export torchtitan: the plan is priced for megatron, whose options torchtitan may "
+            "lack; add --framework torchtitan (or --export ndplan)",
+        ),
+    ],
+    ids=["out-alone", "export-alone", "unknown-format", "other-framework"],
+)
+@pytest.mark.parametrize("command", ["search", "estimate"])
+def test_bad_export_flags_are_one_line_and_write_nothing(
+    capsys, tmp_path: Path, command: str, flags: tuple[str, ...], message: str
+) -> None:
+    target = tmp_path / "plan.out"
+    argv = [f.format(out=target) for f in flags]
+    code, out, err = invoke(capsys, command, *(PROBLEM if command == "search" else INPUTS), *argv)
+    assert code == ExitCode.INVALID_INPUT
+    (line,) = err.splitlines()
+    assert line.startswith(f"ndplan: error: {message.format(out=target)}")
+    assert out == "" and not target.exists()
+
+
+def test_an_existing_file_is_kept_without_force(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "plan.sh"
+    target.write_text("mine\n")
+    code, out, err = invoke(
+        capsys, "search", *PROBLEM, "--export", "megatron", "--out", str(target)
+    )
+    assert code == ExitCode.INVALID_INPUT
+    assert err == f"ndplan: error: --out {target}: exists; pass --force to overwrite it\n"
+    assert target.read_text() == "mine\n" and out == ""
+    code, out, err = invoke(
+        capsys, "search", *PROBLEM, "--export", "megatron", "--out", str(target), "--force"
+    )
+    assert code == 0, err
+    assert "NDPLAN_ARGS=(" in target.read_text()
+
+
+def test_estimate_exports_its_plan_and_refuses_one_that_does_not_fit(
+    capsys, tmp_path: Path
+) -> None:
+    target = tmp_path / "plan.toml"
+    flags = (*INPUTS, "--framework", "torchtitan", "--tp", "2", "--pp", "2", "--recompute", "full")
+    code, out, err = invoke(
+        capsys, "estimate", *flags, "--export", "torchtitan", "--out", str(target)
+    )
+    assert code == 0, err
+    text = target.read_text()
+    assert 'mode = "full"' in text and "tensor_parallel_degree = 2" in text
+    too_big = tmp_path / "big.sh"
+    code, out, err = invoke(
+        capsys, "estimate", "-m", "llama-3-70b", "-d", "h100", "-n", "8", "--gbs", "8", "-s", "8192",
+        "--export", "megatron", "--out", str(too_big),
+    )  # fmt: skip
+    assert code == ExitCode.NO_FEASIBLE_PLAN
+    assert (
+        err.startswith("ndplan: error: --export: the plan is over memory by ")
+        and len(err.splitlines()) == 1
+    )
+    assert out == "" and not too_big.exists()
+
+
+def test_balance_exports_the_balanced_placement(capsys, tmp_path: Path) -> None:
+    target = tmp_path / "plan.sh"
+    flags = (
+        "-m",
+        "llama-3-8b",
+        "-d",
+        "h100",
+        "-n",
+        "16",
+        "--gbs",
+        "64",
+        "-s",
+        "8192",
+        "--pp",
+        "16",
+    )
+    code, out, err = invoke(
+        capsys, "balance", *flags, "--json", "--export", "megatron", "--out", str(target)
+    )
+    assert code == 0, err
+    counts = json.loads(out)["balanced"]["layout"]["layers_per_stage"]
+    spelled = value(bash_array(target), "--pipeline-model-parallel-layout")
+    assert [part.count("t") for part in spelled.split("|")] == counts
+
+
+def test_a_plugins_exporter_gets_the_plan(capsys, tmp_path: Path) -> None:
+    plan_exporter = pytest.importorskip("plan_exporter")
+    target = tmp_path / "degrees.txt"
+    code, out, err = invoke(
+        capsys, "-p", "plan_exporter", "search", *PROBLEM, "--json", "--export", "degrees", "--out", str(target)
+    )  # fmt: skip
+    assert code == 0, err
+    best = json.loads(out)["plans"][0]["layout"]
+    assert plan_exporter.RENDERED[-1].layout.tp == best["tp"]
+    assert target.read_text().splitlines()[0] == f"tp {best['tp']}"
+    assert "warning: degrees: only the degrees are written" in err
+    broken = tmp_path / "broken.txt"
+    code, out, err = invoke(
+        capsys,
+        "-p",
+        "plan_exporter",
+        "search",
+        *PROBLEM,
+        "--export",
+        "broken",
+        "--out",
+        str(broken),
+    )
+    assert code == ExitCode.PLUGIN_ERROR
+    assert err == "ndplan: error: export format 'broken' failed: KeyError: 'layout'\n"
+    assert not broken.exists()

@@ -1,0 +1,284 @@
+"""Exporters (adapters/exporters): a priced plan written as the config its framework runs.
+
+Each format is read back with the reader its framework uses (bash for Megatron's argument
+array, tomllib, PyYAML, json) and checked against the plan: the degrees, the batch
+arithmetic, the layer placement and the recompute. Where a framework cannot state the
+plan's per-layer recompute, the written choice must save at least the planned memory on
+every chunk, and a caveat must say so.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tomllib
+
+import pytest
+import yaml
+
+from ndplan.adapters.exporters.common import Chunk, chunks, switches
+from ndplan.adapters.exporters.megatron import ARRAY, MODULES, recompute_args
+from ndplan.adapters.exporters.torchtitan import checkpoint_settings
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout
+from ndplan.core.ports import Exported, Exporter
+from ndplan.planner import Planner
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    return Planner()
+
+
+def priced(planner: Planner, model: str, n: int, gbs: int, seq: int, layout: Layout, **job):
+    ctx = planner.context(
+        planner.model(model), planner.device(job.pop("device", "h100")), n,
+        Job(global_batch_size=gbs, seq_length=seq, **job),
+    )  # fmt: skip
+    return planner.estimate(ctx, layout), ctx
+
+
+def export(planner: Planner, name: str, plan, ctx) -> Exported:
+    exporter = planner.components.exporters.get(name)
+    assert isinstance(exporter, Exporter)
+    made = exporter.render(plan, ctx)
+    assert isinstance(made, Exported)
+    return made
+
+
+def megatron_args(text: str, tmp_path) -> dict[str, list[str]]:
+    """The argument array as bash sees it: flag -> the values after it."""
+    script = tmp_path / "args.sh"
+    script.write_text(text)
+    out = subprocess.run(
+        ["bash", "-c", f'source "{script}"; printf "%s\\n" "${{{ARRAY}[@]}}"'],
+        capture_output=True, text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    args: dict[str, list[str]] = {}
+    flag = None
+    for token in out:
+        if token.startswith("--"):
+            flag = token
+            assert flag not in args, f"{flag} given twice"
+            args[flag] = []
+        else:
+            args[flag].append(token)
+    return args
+
+
+LLAMA_8B_CASES = [
+    Layout(tp=2, pp=2, dp=4, num_microbatches=8, mbs=2, zero=1, sp=True, recompute="selective"),
+    Layout(
+        tp=1,
+        pp=4,
+        vpp=2,
+        dp=4,
+        num_microbatches=16,
+        zero=1,
+        schedule="interleaved",
+        recompute="full",
+    ),
+    Layout(tp=4, cp=2, dp=2, num_microbatches=32, zero=3, sp=True),
+    Layout(pp=8, dp=2, num_microbatches=32, zero=0, layers_per_stage=(3, 4, 4, 4, 4, 4, 4, 5)),
+]
+
+
+@pytest.mark.parametrize(
+    "layout", LLAMA_8B_CASES, ids=["tp2pp2-sel", "pp4x2-full", "tp4cp2-z3", "pp8-uneven"]
+)
+def test_megatron_arguments_state_the_plan(planner: Planner, layout: Layout, tmp_path) -> None:
+    plan, ctx = priced(planner, "llama-3-8b", 16, 64, 8192, layout)
+    made = export(planner, "megatron", plan, ctx)
+    assert made.caveats == ()  # every one of these is a layout Megatron states exactly
+    args = megatron_args(made.text, tmp_path)
+    lay = plan.layout
+    assert args["--tensor-model-parallel-size"] == [str(lay.tp)]
+    assert args["--pipeline-model-parallel-size"] == [str(lay.pp)]
+    assert args["--context-parallel-size"] == [str(lay.cp)]
+    assert args["--micro-batch-size"] == [str(lay.mbs)]
+    assert args["--global-batch-size"] == ["64"] and args["--seq-length"] == ["8192"]
+    # Megatron derives DP from the world size: the degrees multiply out to the devices.
+    assert lay.tp * lay.pp * lay.cp * lay.dp == 16
+    assert ("--sequence-parallel" in args) == lay.sequence_parallel
+    assert ("--use-distributed-optimizer" in args) == (lay.zero >= 1)
+    assert ("--use-megatron-fsdp" in args) == (lay.zero == 3)
+    if lay.layers_per_stage is not None:
+        spelled = args["--pipeline-model-parallel-layout"][0]
+        assert [part.count("t") for part in spelled.split("|")] == list(lay.layers_per_stage)
+        assert spelled.startswith("E") and spelled.endswith("L")
+    elif lay.vpp > 1:
+        assert args["--num-virtual-stages-per-pipeline-rank"] == [str(lay.vpp)]
+    granularity = args.get("--recompute-granularity")
+    if lay.recompute == "selective":
+        assert granularity == ["selective"] and args["--recompute-modules"] == ["core_attn"]
+    elif lay.recompute == "full":
+        assert granularity == ["full"] and args["--recompute-method"] == ["uniform"]
+    else:
+        assert granularity is None
+
+
+def test_megatron_moe_and_fp8_arguments(planner: Planner, tmp_path) -> None:
+    layout = Layout(tp=2, pp=8, dp=16, ep=32, etp=1, num_microbatches=16, zero=1, sp=True)
+    plan, ctx = priced(
+        planner, "deepseek-v3", 256, 256, 4096, layout, precision="mxfp8", device="b200"
+    )
+    args = megatron_args(export(planner, "megatron", plan, ctx).text, tmp_path)
+    assert args["--expert-model-parallel-size"] == ["32"]
+    assert args["--expert-tensor-parallel-size"] == ["1"]
+    assert args["--fp8-recipe"] == ["mxfp8"] and "--fp8-param-gather" in args
+    # 61 decoder layers over 8 stages do not split evenly: the layout is spelled out, with MTP.
+    spelled = args["--pipeline-model-parallel-layout"][0]
+    assert sum(part.count("t") for part in spelled.split("|")) == 61
+    assert spelled.endswith("mL")
+
+
+def chunk(options: str, index: int = 0) -> Chunk:
+    return Chunk(index, index, 0, tuple(options.split()))
+
+
+@pytest.mark.parametrize(
+    ("parts", "exact"),
+    [
+        ((chunk("full full none none"), chunk("full full none none", 1)), True),
+        ((chunk("full none none none"), chunk("full full none none", 1)), False),
+        ((chunk("none full none none"), chunk("none full none none", 1)), False),  # not leading
+        ((chunk("core_attn core_attn"), chunk("core_attn core_attn", 1)), True),
+        ((chunk("norm norm+mlp none"), chunk("none none norm", 1)), False),
+        ((chunk("full core_attn none"), chunk("none none none", 1)), False),
+    ],
+)
+def test_megatron_recompute_saves_at_least_the_planned_memory(parts, exact: bool) -> None:
+    args, caveats = recompute_args(parts)
+    assert (caveats == []) == exact
+    if args[1] == "full":  # whole layers: the first N of each chunk
+        n = int(args[args.index("--recompute-num-layers") + 1])
+        if args[3] == "block":
+            for c in parts:  # at least every recomputing layer is covered, counted per chunk
+                assert n >= len(c.options) - c.count("none")
+    else:  # the same modules on every layer: a superset of each layer's switches
+        modules = set(args[args.index("--recompute-modules") + 1 :])
+        for c in parts:
+            for option in c.options:
+                assert {MODULES[s] for s in switches(option) if s in MODULES} <= modules
+
+
+@pytest.mark.parametrize(
+    ("parts", "settings", "exact"),
+    [
+        ((chunk("full full full"),), {"mode": "full"}, True),
+        (
+            (chunk("op op"), chunk("op op", 1)),
+            {"mode": "selective", "selective_ac_option": "op"},
+            True,
+        ),
+        ((chunk("full none full none"),), {"mode": "selective", "selective_ac_option": "2"}, True),
+        ((chunk("full full full none"),), {"mode": "full"}, False),
+        (
+            (chunk("full none none none none none"),),
+            {"mode": "selective", "selective_ac_option": "6"},
+            True,
+        ),
+        ((chunk("op none"),), {"mode": "selective", "selective_ac_option": "op"}, False),
+    ],
+)
+def test_torchtitan_checkpointing(parts, settings, exact: bool) -> None:
+    written, caveats = checkpoint_settings(parts)
+    assert written == settings
+    assert (caveats == []) == exact
+
+
+@pytest.mark.parametrize("layout", [
+    Layout(tp=2, pp=4, vpp=2, dp=2, num_microbatches=32, zero=3, sp=True, schedule="interleaved", recompute="full"),
+    Layout(tp=2, dp=8, mbs=2, num_microbatches=4, zero=0, sp=True, recompute="selective"),
+])  # fmt: skip
+def test_torchtitan_toml(planner: Planner, layout: Layout) -> None:
+    plan, ctx = priced(planner, "llama-3-8b", 16, 64, 8192, layout, framework="torchtitan")
+    made = export(planner, "torchtitan", plan, ctx)
+    config = tomllib.loads(made.text)
+    par, training = config["parallelism"], config["training"]
+    lay = plan.layout
+    dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+    assert dp == lay.dp and (par["data_parallel_shard_degree"] > 1) == (lay.zero == 3)
+    assert par["tensor_parallel_degree"] == lay.tp and par["pipeline_parallel_degree"] == lay.pp
+    # torchtitan accumulates global / (local · dp) batches: one when the pipeline runs them.
+    accumulated = training["global_batch_size"] // (training["local_batch_size"] * dp)
+    assert training["global_batch_size"] == 64
+    if lay.pp > 1:
+        assert accumulated == 1
+        assert training["local_batch_size"] == lay.mbs * lay.num_microbatches
+        parts = par["module_fqns_per_model_part"]
+        assert len(parts) == lay.pp * lay.vpp
+        layers = [m for part in parts for m in part if m.startswith("layers.")]
+        assert layers == [f"layers.{i}" for i in range(32)]
+        assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+    else:
+        assert accumulated == lay.num_microbatches
+    want = {
+        "full": {"mode": "full"},
+        "selective": {"mode": "selective", "selective_ac_option": "op"},
+    }
+    assert config["activation_checkpoint"] == want[lay.recompute]
+    assert made.caveats == ()
+
+
+def test_mindformers_offsets_and_recompute_lists(planner: Planner) -> None:
+    layout = Layout(tp=2, pp=4, vpp=2, dp=2, num_microbatches=32, zero=1, sp=True, schedule="interleaved",
+                    recompute="auto", layers_per_stage=(3, 4, 4, 5, 4, 4, 4, 4))  # fmt: skip
+    plan, ctx = priced(planner, "llama-3-8b", 16, 64, 8192, layout, framework="mindformers")
+    config = yaml.safe_load(export(planner, "mindformers", plan, ctx).text)
+    par = config["parallel_config"]
+    assert (par["data_parallel"], par["model_parallel"], par["pipeline_stage"]) == (2, 2, 4)
+    assert (
+        par["micro_batch_num"] * config["runner_config"]["batch_size"] * par["data_parallel"] == 64
+    )
+    offset = config["model"]["model_config"]["offset"]
+    base = 32 // 8
+    # [vpp][pp]: virtual stage v of stage s is chunk v·pp + s
+    assert [base + o for row in offset for o in row] == list(layout.layers_per_stage)
+    full = config["recompute_config"]["recompute"]
+    selected = config["recompute_config"]["select_recompute"]
+    parts = chunks(plan, ctx)
+    for c in parts:
+        v, s = divmod(c.index, 4)
+        assert full[v][s] == c.count("full")
+        assert selected[v][s] == len(c.options) - c.count("none", "full")
+
+
+def test_deepspeed_json(planner: Planner) -> None:
+    layout = Layout(
+        tp=2,
+        pp=2,
+        dp=4,
+        mbs=2,
+        num_microbatches=8,
+        zero=1,
+        offload_optimizer=True,
+        recompute="full",
+    )
+    plan, ctx = priced(planner, "llama-3-8b", 16, 64, 4096, layout, framework="deepspeed")
+    made = export(planner, "deepspeed", plan, ctx)
+    config = json.loads(made.text)
+    assert (
+        config["train_batch_size"]
+        == config["train_micro_batch_size_per_gpu"]
+        * config["gradient_accumulation_steps"]
+        * layout.dp
+        == 64
+    )
+    assert config["zero_optimization"]["stage"] == 1
+    assert config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    # What DeepSpeed takes from the model code is named, not dropped.
+    assert any(
+        "--tensor-model-parallel-size 2 --pipeline-model-parallel-size 2" in c for c in made.caveats
+    )
+    assert any("--checkpoint-activations" in c for c in made.caveats)
+
+
+def test_ndplan_json_is_the_plan_with_its_inputs(planner: Planner) -> None:
+    layout = Layout(tp=2, pp=2, dp=4, num_microbatches=16, zero=1, recompute="auto")
+    plan, ctx = priced(planner, "llama-3-8b", 16, 64, 8192, layout)
+    document = json.loads(export(planner, "ndplan", plan, ctx).text)
+    inputs = document.pop("inputs")
+    assert inputs == {"model": ctx.model.name, "device": "h100-sxm", "devices": 16,
+                      "job": {"global_batch_size": 64, "seq_length": 8192}}  # fmt: skip
+    assert document == json.loads(plan.model_dump_json())
