@@ -49,6 +49,12 @@ def parse_yaml(text: str, origin: str, what: str = "YAML") -> Any:
 def read_yaml_file(path: Path, what: str, kind: str = "YAML") -> Any:
     """A user's ``what`` file ("job", "sweep", "device", ...) parsed, or one line saying why
     not: unreadable, not UTF-8 text (a UTF-16 file from a Windows editor), or not YAML."""
+    return parse_yaml(read_text_file(path, what), str(path), kind)
+
+
+def read_text_file(path: Path, what: str) -> str:
+    """A user's ``what`` file as text, or one line saying why not: unreadable, or not
+    UTF-8 text."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -59,4 +65,4 @@ def read_yaml_file(path: Path, what: str, kind: str = "YAML") -> Any:
         raise InvalidInputError(
             f"{path}: the {what} file is not UTF-8 text; save it as UTF-8"
         ) from None
-    return parse_yaml(text, str(path), kind)
+    return text

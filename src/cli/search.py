@@ -15,7 +15,16 @@ import yaml
 from pydantic import ValidationError
 from rich.text import Text
 
+from ndplan.adapters.readers.megatron_args import (
+    arguments_from_mapping,
+    looks_like_megatron_args,
+    megatron_layout,
+    parse_arguments,
+    tokens_of,
+)
+from ndplan.adapters.yamlfile import read_text_file
 from ndplan.bootstrap import create
+from ndplan.core.context import PricingContext
 from ndplan.core.errors import (
     BaselineError,
     InfeasibleError,
@@ -602,9 +611,10 @@ def search_cmd(
             metavar="LAYOUT",
             help="A layout you run today, placed in the ranking: its degrees as "
             "tp=4,pp=8,vpp=5 or as ndplan prints them ('tp4 pp8×5 dp2 mbs1'; pp8 alone is "
-            "one chunk per stage, pp8×? leaves VPP open; the others searched), or a "
+            "one chunk per stage, pp8×? leaves VPP open; the others searched), a "
             "YAML/JSON file of them or of one "
-            "plan (`estimate --json`). Prints its exact rank, its gap to the best and its "
+            "plan (`estimate --json`, `--export ndplan`), or a Megatron-LM launch script "
+            "(its --tensor-model-parallel-size … flags; `--export megatron` writes one). Prints its exact rank, its gap to the best and its "
             "step-time parts beside the best plan's; --json adds `baseline`. Not with --rebalance.",
             show_default=False,
         ),
@@ -762,7 +772,7 @@ def search_cmd(
             raise InvalidInputError(
                 "--baseline: " + REBALANCE_CONFLICT.format(rebalancing="--rebalance")
             )
-        stated = baseline_values(baseline, pctx.job.global_batch_size) if baseline else None
+        stated = baseline_values(baseline, pctx) if baseline else None
         sinks = []
         made_debug_dir = False
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
@@ -908,11 +918,13 @@ def result_json(result: SearchResult) -> dict:
 BASELINE_KEYS = INT_DIMS | BOOL_DIMS | {"recompute", "schedule"}
 
 
-def baseline_values(text: str, global_batch: int) -> dict[str, int | bool | str]:
+def baseline_values(text: str, ctx: PricingContext) -> dict[str, int | bool | str]:
     """``--baseline``: ``tp=4,pp=8,vpp=5``, the layout as ndplan prints it (``tp4 pp8×5 cp1
-    dp2 mbs1 z1``: the baseline line, search-quality.md), or a YAML/JSON file of those
-    degrees or of one plan (its ``layout``, as ``estimate --json`` prints it). ``auto``,
-    ``?`` and null leave a degree to the search."""
+    dp2 mbs1 z1``: the baseline line, search-quality.md), a YAML/JSON file of those
+    degrees or of one plan (its ``layout``, as ``estimate --json`` prints it), or the
+    Megatron-LM arguments of a launch (a script of flags, or a JSON/YAML of its args).
+    ``auto``, ``?`` and null leave a degree to the search."""
+    global_batch = ctx.job.global_batch_size
     if "=" in text:
         data: Any = {}
         for item in text.replace(",", " ").split():
@@ -938,8 +950,10 @@ def baseline_values(text: str, global_batch: int) -> dict[str, int | bool | str]
                 f"--baseline {text}: no such file; give degrees as tp=4,pp=8,vpp=5, as ndplan "
                 "prints a layout (tp4 pp8×5 dp2 mbs1 z1) or a YAML/JSON file"
             )
-        data = read_yaml(path, "baseline")
         where = f"--baseline {text}"
+        data = megatron_launch(path, where, ctx)
+        if data is None:
+            data = read_yaml(path, "baseline")
         if isinstance(data, dict) and isinstance(data.get("layout"), dict):
             data = data["layout"]  # one plan, as estimate --json prints it
         elif isinstance(data, dict) and "plans" in data:
@@ -983,6 +997,36 @@ def baseline_values(text: str, global_batch: int) -> dict[str, int | bool | str]
     if not out:
         raise InvalidInputError(f"{where}: states no degree; give e.g. tp=4,pp=8,vpp=5")
     return out
+
+
+def megatron_launch(path: Path, where: str, ctx: PricingContext) -> dict | None:
+    """The layout a Megatron-LM launch file states (a script of ``--flags``, or a JSON/YAML
+    of Megatron's args), with a note on what the ranking cannot reproduce; None for
+    ndplan's own files."""
+    text = read_text_file(path, "baseline")
+    if not looks_like_megatron_args(text):
+        return None
+    if path.suffix.lower() in (".json", ".yaml", ".yml"):
+        data = read_yaml(path, "baseline")
+        if not isinstance(data, dict):
+            return None
+        words = arguments_from_mapping(data)
+    else:
+        words = tokens_of(text, where)
+    found = parse_arguments(words, where)
+    if not found:
+        return None
+    read = megatron_layout(
+        found,
+        where,
+        num_layers=ctx.model.num_layers,
+        is_moe=ctx.model.is_moe,
+        global_batch=ctx.job.global_batch_size,
+        seq_length=ctx.job.seq_length,
+    )
+    for line in read.notes:
+        note(f"note: {line}")
+    return read.degrees
 
 
 def baseline_line(result: SearchResult) -> str:

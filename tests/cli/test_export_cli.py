@@ -221,3 +221,24 @@ def test_a_plugins_exporter_gets_the_plan(capsys, tmp_path: Path) -> None:
     assert code == ExitCode.PLUGIN_ERROR
     assert err == "ndplan: error: export format 'broken' failed: KeyError: 'layout'\n"
     assert not broken.exists()
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full", "none"])
+def test_megatron_arguments_read_back_as_the_same_layout(
+    capsys, tmp_path: Path, recompute: str
+) -> None:
+    """Round trip (spec: read → export unchanged → read gives the same plan): a plan
+    Megatron states exactly, exported and given back as --baseline, is the best plan."""
+    target = tmp_path / "plan.sh"
+    flags = (*TIGHT, "--recompute", recompute)
+    code, out, err = invoke(
+        capsys, "search", *flags, "--json", "--export", "megatron", "--out", str(target)
+    )
+    assert code == 0, err
+    best = json.loads(out)["plans"][0]
+    assert "caveat" not in target.read_text()
+    code, out, err = invoke(capsys, "search", *flags, "--json", "--baseline", str(target))
+    assert code == 0, err
+    baseline = json.loads(out)["baseline"]
+    assert baseline["rank"] == 1 and baseline["gap"] == 0.0
+    assert baseline["plan"]["layout"] == best["layout"]

@@ -1,0 +1,148 @@
+"""Reading the layout of a Megatron-LM launch (adapters/readers/megatron_args.py), as
+``search --baseline FILE`` does: a script of flags or a JSON/YAML of Megatron's args."""
+
+from __future__ import annotations
+
+import pytest
+
+from ndplan.adapters.readers.megatron_args import (
+    arguments_from_mapping,
+    looks_like_megatron_args,
+    megatron_layout,
+    parse_arguments,
+    tokens_of,
+)
+from ndplan.core.errors import InvalidInputError
+
+SCRIPT = """#!/bin/bash
+# launch
+torchrun --nproc-per-node 8 pretrain_gpt.py \\
+    --tensor-model-parallel-size 4 --pipeline-model-parallel-size=4 \\
+    --num-layers-per-virtual-pipeline-stage 5 \\
+    --sequence-parallel --use-distributed-optimizer   # ZeRO-1
+    --micro-batch-size 2 --global-batch-size 512 --seq-length 8192 \\
+    --recompute-granularity selective --lr 1e-4 --tensor-model-parallel-size 8
+"""
+
+
+def read(text: str, **job):
+    settings = {"num_layers": 80, "is_moe": False, "global_batch": 512, "seq_length": 8192}
+    settings.update(job)
+    return megatron_layout(parse_arguments(tokens_of(text, "f"), "f"), "f", **settings)
+
+
+def test_a_launch_script_states_its_layout_and_the_last_flag_wins() -> None:
+    assert looks_like_megatron_args(SCRIPT)
+    layout = read(SCRIPT)
+    assert layout.degrees == {
+        "tp": 8,  # given twice: argparse keeps the last
+        "pp": 4,
+        "mbs": 2,
+        "cp": 1,
+        "vpp": 4,  # 80 layers / (pp 4 · 5 per virtual stage)
+        "zero": 1,
+        "sp": True,
+        "offload_optimizer": False,
+        "recompute": "selective",  # core attention, Megatron's default module
+    }
+    assert layout.notes == []
+
+
+def test_absent_flags_are_megatrons_defaults_and_moe_experts_follow_tp() -> None:
+    layout = read("--tensor-model-parallel-size 2", is_moe=True)
+    assert layout.degrees == {
+        "tp": 2, "pp": 1, "cp": 1, "mbs": 1, "ep": 1, "etp": 2, "vpp": 1, "zero": 0,
+        "sp": False, "offload_optimizer": False, "recompute": "none",
+    }  # fmt: skip
+
+
+def test_an_exported_bash_array_and_a_json_of_args_read_the_same() -> None:
+    array = """NDPLAN_ARGS=(
+  --tensor-model-parallel-size 2
+  --pipeline-model-parallel-layout 'Ettt|tttt|tttt|ttttL'
+  --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params
+  --recompute-granularity selective --recompute-modules core_attn
+)"""
+    mapping = {
+        "tensor_model_parallel_size": 2,
+        "pipeline_model_parallel_layout": "Ettt|tttt|tttt|ttttL",
+        "use_megatron_fsdp": True,
+        "data_parallel_sharding_strategy": "optim_grads_params",
+        "recompute_granularity": "selective",
+        "recompute_modules": ["core_attn"],
+        "sequence_parallel": False,
+    }
+    words = arguments_from_mapping(mapping)
+    from_script, from_json = (
+        read(array, num_layers=15),
+        megatron_layout(
+            parse_arguments(words, "f"),
+            "f",
+            num_layers=15,
+            is_moe=False,
+            global_batch=512,
+            seq_length=8192,
+        ),
+    )
+    assert from_script.degrees == from_json.degrees
+    assert from_script.degrees["zero"] == 3 and from_script.degrees["recompute"] == "selective"
+    # pp is 1 here: the layout's 4 chunks are 4 virtual stages of one rank
+    assert from_script.degrees["vpp"] == 4
+    assert "--layers-per-chunk 3,4,4,4" in from_script.notes[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "recompute", "noted"),
+    [
+        ("--recompute-granularity full", "full", False),
+        (
+            "--recompute-granularity full --recompute-method block --recompute-num-layers 20",
+            "full",
+            False,
+        ),
+        (
+            "--recompute-granularity full --recompute-method block --recompute-num-layers 2",
+            "auto",
+            True,
+        ),
+        ("--recompute-granularity selective --recompute-modules core_attn mlp", "auto", True),
+    ],
+)
+def test_recompute_the_search_cannot_state_is_priced_per_layer_and_said(
+    text, recompute, noted
+) -> None:
+    layout = read(f"--pipeline-model-parallel-size 4 {text}")
+    assert layout.degrees["recompute"] == recompute
+    assert bool(layout.notes) == noted
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "--tensor-model-parallel-size $TP",
+            "f: --tensor-model-parallel-size $TP: expected a positive integer",
+        ),
+        (
+            "--global-batch-size 1024",
+            "f: --global-batch-size 1024 differs from the search's --gbs 512",
+        ),
+        ("--seq-length 4096", "f: --seq-length 4096 differs from the search's --seq-len 8192"),
+        ("--micro-batch-size", "f: --micro-batch-size has no value"),
+        ("--recompute-granularity some", "f: --recompute-granularity some unknown"),
+        (
+            "--pipeline-model-parallel-size 3 --num-layers-per-virtual-pipeline-stage 7",
+            "does not divide",
+        ),
+        ("--tensor-model-parallel-size 'unclosed", "f: cannot read it as shell arguments"),
+    ],
+)
+def test_bad_arguments_are_one_clear_line(text: str, message: str) -> None:
+    with pytest.raises(InvalidInputError) as err:
+        read(text)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_file_without_megatron_flags_is_not_taken_for_one() -> None:
+    assert not looks_like_megatron_args("tp: 4\npp: 8\n")
