@@ -6,6 +6,7 @@ import contextlib
 import csv
 import io
 import math
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 from rich.text import Text
 
+from ndplan.adapters.readers.launch import Problem
 from ndplan.adapters.readers.megatron_args import (
     arguments_from_mapping,
     looks_like_megatron_args,
@@ -22,6 +24,8 @@ from ndplan.adapters.readers.megatron_args import (
     parse_arguments,
     tokens_of,
 )
+from ndplan.adapters.readers.mindformers_config import is_mindformers, mindformers_layout
+from ndplan.adapters.readers.torchtitan_config import torchtitan_layout
 from ndplan.adapters.yamlfile import read_text_file
 from ndplan.bootstrap import create
 from ndplan.core.context import PricingContext
@@ -613,8 +617,9 @@ def search_cmd(
             "tp=4,pp=8,vpp=5 or as ndplan prints them ('tp4 pp8×5 dp2 mbs1'; pp8 alone is "
             "one chunk per stage, pp8×? leaves VPP open; the others searched), a "
             "YAML/JSON file of them or of one "
-            "plan (`estimate --json`, `--export ndplan`), or a Megatron-LM launch script "
-            "(its --tensor-model-parallel-size … flags; `--export megatron` writes one). Prints its exact rank, its gap to the best and its "
+            "plan (`estimate --json`, `--export ndplan`), or the launch config you run: "
+            "a Megatron-LM script of flags (or JSON of its args), a torchtitan TOML or a "
+            "MindFormers YAML (what --export writes). Prints its exact rank, its gap to the best and its "
             "step-time parts beside the best plan's; --json adds `baseline`. Not with --rebalance.",
             show_default=False,
         ),
@@ -951,7 +956,7 @@ def baseline_values(text: str, ctx: PricingContext) -> dict[str, int | bool | st
                 "prints a layout (tp4 pp8×5 dp2 mbs1 z1) or a YAML/JSON file"
             )
         where = f"--baseline {text}"
-        data = megatron_launch(path, where, ctx)
+        data = launch_layout(path, where, ctx)
         if data is None:
             data = read_yaml(path, "baseline")
         if isinstance(data, dict) and isinstance(data.get("layout"), dict):
@@ -999,31 +1004,41 @@ def baseline_values(text: str, ctx: PricingContext) -> dict[str, int | bool | st
     return out
 
 
-def megatron_launch(path: Path, where: str, ctx: PricingContext) -> dict | None:
-    """The layout a Megatron-LM launch file states (a script of ``--flags``, or a JSON/YAML
-    of Megatron's args), with a note on what the ranking cannot reproduce; None for
-    ndplan's own files."""
+def launch_layout(path: Path, where: str, ctx: PricingContext) -> dict | None:
+    """The layout a framework's launch config states — Megatron-LM arguments (a script of
+    ``--flags``, or a JSON/YAML of its args), a torchtitan TOML, a MindFormers YAML —
+    with a note on what the ranking cannot reproduce; None for ndplan's own files."""
     text = read_text_file(path, "baseline")
-    if not looks_like_megatron_args(text):
-        return None
-    if path.suffix.lower() in (".json", ".yaml", ".yml"):
-        data = read_yaml(path, "baseline")
-        if not isinstance(data, dict):
-            return None
-        words = arguments_from_mapping(data)
-    else:
-        words = tokens_of(text, where)
-    found = parse_arguments(words, where)
-    if not found:
-        return None
-    read = megatron_layout(
-        found,
-        where,
+    problem = Problem(
         num_layers=ctx.model.num_layers,
         is_moe=ctx.model.is_moe,
         global_batch=ctx.job.global_batch_size,
         seq_length=ctx.job.seq_length,
     )
+    if path.suffix.lower() == ".toml":
+        try:
+            config = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidInputError(f"{where}: not TOML ({exc})") from None
+        read = torchtitan_layout(config, where, problem)
+    elif path.suffix.lower() in (".json", ".yaml", ".yml"):
+        data = read_yaml(path, "baseline")
+        if is_mindformers(data):
+            read = mindformers_layout(data, where, problem)
+        elif isinstance(data, dict) and looks_like_megatron_args(text):
+            found = parse_arguments(arguments_from_mapping(data), where)
+            if not found:
+                return None
+            read = megatron_layout(found, where, problem)
+        else:
+            return None
+    elif looks_like_megatron_args(text):
+        found = parse_arguments(tokens_of(text, where), where)
+        if not found:
+            return None
+        read = megatron_layout(found, where, problem)
+    else:
+        return None
     for line in read.notes:
         note(f"note: {line}")
     return read.degrees

@@ -242,3 +242,23 @@ def test_megatron_arguments_read_back_as_the_same_layout(
     baseline = json.loads(out)["baseline"]
     assert baseline["rank"] == 1 and baseline["gap"] == 0.0
     assert baseline["plan"]["layout"] == best["layout"]
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full", "none"])
+@pytest.mark.parametrize(("framework", "suffix"), [("torchtitan", "toml"), ("mindformers", "yaml")])
+def test_framework_configs_read_back_as_the_same_layout(
+    capsys, tmp_path: Path, framework: str, suffix: str, recompute: str
+) -> None:
+    """Round trip for torchtitan's TOML and MindFormers' YAML, as for Megatron's arguments."""
+    target = tmp_path / f"plan.{suffix}"
+    flags = (*TIGHT, "--framework", framework, "--recompute", recompute)
+    code, out, err = invoke(
+        capsys, "search", *flags, "--json", "--export", framework, "--out", str(target)
+    )
+    assert code == 0, err
+    best = json.loads(out)["plans"][0]
+    code, out, err = invoke(capsys, "search", *flags, "--json", "--baseline", str(target))
+    assert code == 0, err
+    baseline = json.loads(out)["baseline"]
+    assert baseline["rank"] == 1 and baseline["gap"] == 0.0
+    assert baseline["plan"]["layout"] == best["layout"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from ndplan.adapters.readers.launch import Problem
 from ndplan.adapters.readers.megatron_args import (
     arguments_from_mapping,
     looks_like_megatron_args,
@@ -25,10 +26,13 @@ torchrun --nproc-per-node 8 pretrain_gpt.py \\
 """
 
 
-def read(text: str, **job):
+def problem(**changes) -> Problem:
     settings = {"num_layers": 80, "is_moe": False, "global_batch": 512, "seq_length": 8192}
-    settings.update(job)
-    return megatron_layout(parse_arguments(tokens_of(text, "f"), "f"), "f", **settings)
+    return Problem(**(settings | changes))
+
+
+def read(text: str, **changes):
+    return megatron_layout(parse_arguments(tokens_of(text, "f"), "f"), "f", problem(**changes))
 
 
 def test_a_launch_script_states_its_layout_and_the_last_flag_wins() -> None:
@@ -73,17 +77,8 @@ def test_an_exported_bash_array_and_a_json_of_args_read_the_same() -> None:
         "sequence_parallel": False,
     }
     words = arguments_from_mapping(mapping)
-    from_script, from_json = (
-        read(array, num_layers=15),
-        megatron_layout(
-            parse_arguments(words, "f"),
-            "f",
-            num_layers=15,
-            is_moe=False,
-            global_batch=512,
-            seq_length=8192,
-        ),
-    )
+    from_script = read(array, num_layers=15)
+    from_json = megatron_layout(parse_arguments(words, "f"), "f", problem(num_layers=15))
     assert from_script.degrees == from_json.degrees
     assert from_script.degrees["zero"] == 3 and from_script.degrees["recompute"] == "selective"
     # pp is 1 here: the layout's 4 chunks are 4 virtual stages of one rank

@@ -13,10 +13,19 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from ndplan.core.errors import InvalidInputError
+
+from .launch import (
+    LaunchLayout,
+    Problem,
+    check_batch,
+    check_sequence,
+    per_layer_note,
+    positive,
+    split_note,
+)
 
 DEGREES = {
     "--tensor-model-parallel-size": "tp",
@@ -51,15 +60,6 @@ SWITCHES = (
 LISTS = ("--recompute-modules",)
 """Flags followed by one or more values (up to the next flag)."""
 KNOWN = (*VALUED, *SWITCHES, *LISTS)
-
-
-@dataclass
-class MegatronLayout:
-    """The layout degrees the arguments state (as ``--baseline`` names them), and notes on
-    what the ranking cannot reproduce exactly."""
-
-    degrees: dict[str, int | bool | str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
 
 
 def looks_like_megatron_args(text: str) -> bool:
@@ -130,28 +130,14 @@ def parse_arguments(words: list[str], where: str) -> dict[str, Any]:
 
 def _number(found: Mapping[str, Any], flag: str, where: str) -> int | None:
     value = found.get(flag)
-    if value is None:
-        return None
-    if not re.fullmatch(r"\d+", value) or int(value) < 1:
-        raise InvalidInputError(
-            f"{where}: {flag} {value}: expected a positive integer (expand shell variables "
-            "first, e.g. with bash -x)"
-        )
-    return int(value)
+    return None if value is None else positive(value, flag, where)
 
 
-def megatron_layout(
-    found: Mapping[str, Any],
-    where: str,
-    *,
-    num_layers: int,
-    is_moe: bool,
-    global_batch: int,
-    seq_length: int,
-) -> MegatronLayout:
+def megatron_layout(found: Mapping[str, Any], where: str, problem: Problem) -> LaunchLayout:
     """The layout stated by Megatron arguments (``parse_arguments``), checked against the
     search's own batch and sequence."""
-    result = MegatronLayout()
+    num_layers = problem.num_layers
+    result = LaunchLayout()
     degrees = result.degrees
     for flag, name in DEGREES.items():
         value = _number(found, flag, where)
@@ -159,19 +145,13 @@ def megatron_layout(
             degrees[name] = value
     for name in ("tp", "pp", "cp", "mbs"):
         degrees.setdefault(name, 1)  # Megatron's defaults
-    if is_moe:
+    if problem.is_moe:
         degrees.setdefault("ep", 1)
         degrees.setdefault("etp", degrees["tp"])  # Megatron: expert TP follows TP
-    for flag, job_value, fix in (
-        ("--global-batch-size", global_batch, "--gbs"),
-        ("--seq-length", seq_length, "--seq-len"),
-    ):
-        stated = _number(found, flag, where)
-        if stated is not None and stated != job_value:
-            raise InvalidInputError(
-                f"{where}: {flag} {stated} differs from the search's {fix} {job_value}; "
-                f"search with {fix} {stated} or place another layout"
-            )
+    if (stated := _number(found, "--global-batch-size", where)) is not None:
+        check_batch(where, "--global-batch-size", stated, problem)
+    if (stated := _number(found, "--seq-length", where)) is not None:
+        check_sequence(where, "--seq-length", stated, problem)
     pp = int(degrees["pp"])
     per_stage = _number(found, "--num-layers-per-virtual-pipeline-stage", where)
     if per_stage is not None:
@@ -190,12 +170,8 @@ def megatron_layout(
                 f"of pp {pp}; fix the layout"
             )
         degrees["vpp"] = chunks // pp
-        counts = ",".join(str(part.count("t")) for part in spelled.split("|"))
-        result.notes.append(
-            f"{where}: ranked with the search's own layer splits (even or balanced); price the "
-            f"placement of its --pipeline-model-parallel-layout with estimate "
-            f"--layers-per-chunk {counts}"
-        )
+        counts = [part.count("t") for part in spelled.split("|")]
+        result.notes.append(split_note(where, "--pipeline-model-parallel-layout", counts))
     elif (
         "--decoder-first-pipeline-num-layers" in found
         or "--decoder-last-pipeline-num-layers" in found
@@ -224,7 +200,7 @@ def megatron_layout(
 
 
 def _recompute(
-    found: Mapping[str, Any], result: MegatronLayout, where: str, num_layers: int, chunks: int
+    found: Mapping[str, Any], result: LaunchLayout, where: str, num_layers: int, chunks: int
 ) -> str:
     granularity = found.get("--recompute-granularity")
     if granularity is None:
@@ -235,18 +211,14 @@ def _recompute(
         if method in (None, "uniform") or n * chunks >= num_layers:
             return "full"
         result.notes.append(
-            f"{where}: full recompute of the first {n} layers of each chunk is priced as the "
-            "search's per-layer choice (recompute auto), which may be faster than it"
+            per_layer_note(where, f"full recompute of the first {n} layers of each chunk")
         )
         return "auto"
     if granularity == "selective":
         modules = found.get("--recompute-modules") or ["core_attn"]
         if set(modules) == {"core_attn"}:
             return "selective"
-        result.notes.append(
-            f"{where}: selective recompute of {' '.join(modules)} is priced as the search's "
-            "per-layer choice (recompute auto), which may be faster than it"
-        )
+        result.notes.append(per_layer_note(where, f"selective recompute of {' '.join(modules)}"))
         return "auto"
     raise InvalidInputError(
         f"{where}: --recompute-granularity {granularity} unknown; use full or selective"

@@ -1,0 +1,76 @@
+"""What a framework's launch config states about the layout it runs.
+
+``search --baseline FILE`` places the layout a user runs today in the ranking; the
+readers of Megatron-LM arguments, torchtitan TOML and MindFormers YAML each turn their
+framework's config into the degrees ``--baseline`` takes, checked against the search's
+batch and sequence, with a note wherever the ranking cannot reproduce the config exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ndplan.core.errors import InvalidInputError
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """The search a launch config is placed in."""
+
+    num_layers: int
+    is_moe: bool
+    global_batch: int
+    seq_length: int
+
+
+@dataclass
+class LaunchLayout:
+    """The layout degrees a config states (as ``--baseline`` names them), and notes on
+    what the ranking cannot reproduce exactly."""
+
+    degrees: dict[str, int | bool | str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def positive(value: object, name: str, where: str) -> int:
+    """A degree or count as stated: a positive integer, or one line naming it."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise InvalidInputError(f"{where}: {name} {value!r}: expected a positive integer")
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise InvalidInputError(
+            f"{where}: {name} {value}: expected a positive integer (expand shell variables "
+            "first, e.g. with bash -x)"
+        )
+    return int(text)
+
+
+def check_batch(where: str, name: str, stated: int, problem: Problem, fix: str = "--gbs") -> None:
+    if stated != problem.global_batch:
+        raise InvalidInputError(
+            f"{where}: {name} {stated} differs from the search's {fix} {problem.global_batch}; "
+            f"search with {fix} {stated} or place another layout"
+        )
+
+
+def check_sequence(where: str, name: str, stated: int, problem: Problem) -> None:
+    if stated != problem.seq_length:
+        raise InvalidInputError(
+            f"{where}: {name} {stated} differs from the search's --seq-len {problem.seq_length}; "
+            f"search with --seq-len {stated} or place another layout"
+        )
+
+
+def split_note(where: str, source: str, counts: list[int]) -> str:
+    """The note for a layer placement the ranking does not take as stated."""
+    return (
+        f"{where}: ranked with the search's own layer splits (even or balanced); price the "
+        f"placement of its {source} with estimate --layers-per-chunk " + ",".join(map(str, counts))
+    )
+
+
+def per_layer_note(where: str, what: str) -> str:
+    return (
+        f"{where}: {what} is priced as the search's per-layer choice (recompute auto), which "
+        "may be faster than it"
+    )

@@ -1,0 +1,165 @@
+"""Reading the layout of a torchtitan job config and of a MindFormers YAML
+(adapters/readers/torchtitan_config.py, mindformers_config.py), as ``search --baseline``
+does. The round trip through ``--export`` is tested in tests/cli/test_export_cli.py."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+import yaml
+
+from ndplan.adapters.readers.launch import Problem
+from ndplan.adapters.readers.mindformers_config import is_mindformers, mindformers_layout
+from ndplan.adapters.readers.torchtitan_config import torchtitan_layout
+from ndplan.core.errors import InvalidInputError
+
+PROBLEM = Problem(num_layers=32, is_moe=False, global_batch=64, seq_length=8192)
+
+TITAN = """
+[parallelism]
+data_parallel_replicate_degree = 2
+data_parallel_shard_degree = 4
+tensor_parallel_degree = 2
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "Interleaved1F1B"
+pipeline_parallel_microbatch_size = 1
+module_fqns_per_model_part = [["tok_embeddings", "layers.0", "layers.1"], ["layers.2"], ["layers.3"], ["layers.4", "norm", "output"]]
+
+[training]
+local_batch_size = 8
+global_batch_size = 64
+seq_len = 8192
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+"""
+
+
+def titan(text: str, problem: Problem = PROBLEM):
+    return torchtitan_layout(tomllib.loads(text), "f.toml", problem)
+
+
+def test_a_torchtitan_config_states_its_layout() -> None:
+    read = titan(TITAN, Problem(num_layers=5, is_moe=False, global_batch=64, seq_length=8192))
+    assert read.degrees == {
+        "tp": 2, "pp": 2, "cp": 1, "dp": 8, "zero": 3, "schedule": "interleaved", "vpp": 2,
+        "mbs": 1, "recompute": "selective",
+    }  # fmt: skip
+    # HSDP is priced as FSDP over every data-parallel rank; the uneven split is named.
+    assert "HSDP (replicate 2 × shard 4)" in read.notes[0]
+    assert read.notes[1].endswith("--layers-per-chunk 2,1,1,1")
+
+
+def test_torchtitan_defaults_fsdp_over_the_rest_and_leaves_unstated_choices_free() -> None:
+    read = titan("[parallelism]\ntensor_parallel_degree = 4\n")
+    assert read.degrees == {"tp": 4, "pp": 1, "cp": 1, "zero": 3}
+    assert (
+        titan(
+            "[parallelism]\ndata_parallel_shard_degree = 1\ndata_parallel_replicate_degree = 8\n"
+        ).degrees["zero"]
+        == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "ZBVZeroBubble"',
+            "is not one ndplan prices",
+        ),
+        (
+            "[training]\nglobal_batch_size = 128",
+            "training.global_batch_size 128 differs from the search's --gbs 64",
+        ),
+        (
+            "[training]\nseq_len = 4096",
+            "training.seq_len 4096 differs from the search's --seq-len 8192",
+        ),
+        (
+            "[parallelism]\ntensor_parallel_degree = 0",
+            "parallelism.tensor_parallel_degree 0: expected a positive integer",
+        ),
+        (
+            '[activation_checkpoint]\nmode = "sometimes"',
+            "activation_checkpoint.mode 'sometimes' unknown",
+        ),
+    ],
+)
+def test_bad_torchtitan_values_are_one_line(text: str, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message.replace("(", r"\(")):
+        titan(text)
+
+
+@pytest.mark.parametrize(
+    ("option", "recompute", "noted"),
+    [("op", "selective", False), ("1", "full", False), ("2", "auto", True)],
+)
+def test_torchtitan_layer_checkpointing(option: str, recompute: str, noted: bool) -> None:
+    read = titan(f'[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "{option}"\n')
+    assert read.degrees["recompute"] == recompute and bool(read.notes) == noted
+
+
+MINDFORMERS = """
+parallel_config: {data_parallel: 2, model_parallel: 2, pipeline_stage: 4, context_parallel: 1,
+                  use_seq_parallel: true, micro_batch_num: 16}
+parallel: {enable_parallel_optimizer: true}
+runner_config: {batch_size: 2}
+model:
+  model_config:
+    pp_interleave_num: 2
+    offset: [[0, 0, 1, 0], [0, 0, 0, -1]]
+recompute_config:
+  recompute: [[4, 4, 5, 4], [4, 4, 4, 3]]
+"""
+
+
+def test_a_mindformers_config_states_its_layout() -> None:
+    data = yaml.safe_load(MINDFORMERS)
+    assert is_mindformers(data)
+    read = mindformers_layout(data, "f.yaml", PROBLEM)
+    assert read.degrees == {
+        "dp": 2, "tp": 2, "pp": 4, "cp": 1, "sp": True, "vpp": 2, "mbs": 2, "zero": 1,
+        "recompute": "full",  # every layer of every chunk, counted per chunk with the offsets
+    }  # fmt: skip
+    assert read.notes[0].endswith("--layers-per-chunk 4,4,5,4,4,4,4,3")
+
+
+@pytest.mark.parametrize(
+    ("recompute_config", "recompute"),
+    [
+        ({"recompute": False, "select_recompute": True}, "selective"),
+        ({"recompute": [0, 0, 0, 0]}, "none"),
+        ({"recompute": [8, 8, 9, 7]}, "full"),  # per stage: 4+4, 4+4, 5+4, 4+3 layers
+        ({"recompute": [2, 0, 0, 0], "select_recompute": [6, 8, 9, 7]}, "auto"),
+    ],
+)
+def test_mindformers_recompute_counts(recompute_config: dict, recompute: str) -> None:
+    data = yaml.safe_load(MINDFORMERS)
+    data["recompute_config"] = recompute_config
+    assert mindformers_layout(data, "f.yaml", PROBLEM).degrees["recompute"] == recompute
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"runner_config": {"batch_size": 4}},
+            "data_parallel · batch_size · micro-batches 128 differs",
+        ),
+        (
+            {"model": {"model_config": {"pp_interleave_num": 2, "offset": [1, -1]}}},
+            "offset has 2 entries for 8 chunks",
+        ),
+        (
+            {"recompute_config": {"recompute": [1, 2, 3]}},
+            "recompute_config.recompute has 3 counts for 4 stages",
+        ),
+    ],
+)
+def test_bad_mindformers_values_are_one_line(change: dict, message: str) -> None:
+    data = yaml.safe_load(MINDFORMERS) | change
+    with pytest.raises(InvalidInputError, match=message):
+        mindformers_layout(data, "f.yaml", PROBLEM)
