@@ -385,17 +385,16 @@ def balance_line(result: BalanceResult, *, given: bool) -> str:
     if start.layout.layers_per_stage == best.layout.layers_per_stage or result.moved == 0:
         return f"balanced: no move makes {split} faster within memory ({priced})"
     gib = 2**30
-    over = over_memory
     if not best.memory.fits:
         return (
-            f"balanced: no placement fits; the closest is {over(best)} ({split}: "
-            f"{over(start)}); {moved}; {priced}"
+            f"balanced: no placement fits; the closest is {over_memory(best)} ({split}: "
+            f"{over_memory(start)}); {moved}; {priced}"
         )
     if start.memory.fits:
         change = best.time.step_s / start.time.step_s - 1
         against = f"{start.time.step_s:.3f} s with {split} ({100 * change:+.1f} %)"
     else:
-        against = f"{split}, which is {over(start)}"
+        against = f"{split}, which is {over_memory(start)}"
     return (
         f"balanced: {best.time.step_s:.3f} s per step against {against}; peak "
         f"{best.memory.peak_bytes / gib:.1f} GiB on stage {best.memory.peak_stage} against "

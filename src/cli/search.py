@@ -926,9 +926,9 @@ BASELINE_KEYS = INT_DIMS | BOOL_DIMS | {"recompute", "schedule"}
 def baseline_values(text: str, ctx: PricingContext) -> dict[str, int | bool | str]:
     """``--baseline``: ``tp=4,pp=8,vpp=5``, the layout as ndplan prints it (``tp4 pp8×5 cp1
     dp2 mbs1 z1``: the baseline line, search-quality.md), a YAML/JSON file of those
-    degrees or of one plan (its ``layout``, as ``estimate --json`` prints it), or the
-    Megatron-LM arguments of a launch (a script of flags, or a JSON/YAML of its args).
-    ``auto``, ``?`` and null leave a degree to the search."""
+    degrees or of one plan (its ``layout``, as ``estimate --json`` prints it), or a
+    framework's launch config (``launch_layout``). ``auto``, ``?`` and null leave a degree
+    to the search."""
     global_batch = ctx.job.global_batch_size
     if "=" in text:
         data: Any = {}

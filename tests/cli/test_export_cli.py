@@ -172,20 +172,7 @@ def test_estimate_exports_its_plan_and_refuses_one_that_does_not_fit(
 
 def test_balance_exports_the_balanced_placement(capsys, tmp_path: Path) -> None:
     target = tmp_path / "plan.sh"
-    flags = (
-        "-m",
-        "llama-3-8b",
-        "-d",
-        "h100",
-        "-n",
-        "16",
-        "--gbs",
-        "64",
-        "-s",
-        "8192",
-        "--pp",
-        "16",
-    )
+    flags = ("-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "64", "-s", "8192", "--pp", "16")  # fmt: skip
     code, out, err = invoke(
         capsys, "balance", *flags, "--json", "--export", "megatron", "--out", str(target)
     )
