@@ -42,6 +42,7 @@ from ndplan.core.model import ModelSpec, MoEFFN
 from ndplan.core.plan import BalanceResult, Baseline, Plan, SearchResult
 from ndplan.core.ports import CostModel, DebugSink, Executor, KnapsackSolver, MemoryModel
 from ndplan.core.pricing import Pricer
+from ndplan.core.recompute import parse_option
 from ndplan.core.search import (
     SearchHooks,
     SearchOutcome,
@@ -146,6 +147,20 @@ class Planner:
             plan = pricer.plan(priced)
             return plan.model_copy(update={"memory": memory})
         return pricer.plan(pricer.price(layout))
+
+    def estimate_per_layer(
+        self,
+        ctx: PricingContext,
+        layout: Layout,
+        recompute: Sequence[str],
+        options: PricingOptions | None = None,
+    ) -> Plan:
+        """Price one layout with a recompute option named for each decoder layer (``none``,
+        ``full``, ``offload`` or switches such as ``norm+mlp``, as a plan's ranges name
+        them), in model order: how a config that recomputes other than the plan runs."""
+        validate_layout(ctx, layout)
+        pricer = self.pricer(ctx, options)
+        return pricer.plan(pricer.price_per_layer(layout, [parse_option(o) for o in recompute]))
 
     def balance(
         self, ctx: PricingContext, layout: Layout, options: PricingOptions | None = None

@@ -16,7 +16,7 @@ from ndplan.core.layout import Layout
 from ndplan.core.plan import BalanceResult, MemoryMode, Plan
 from ndplan.core.ports import Exporter
 from ndplan.core.search import RECOMPUTES, SCHEDULES
-from ndplan.planner import PricingOptions
+from ndplan.planner import Planner, PricingOptions
 
 from .common import (
     A2A_OVERLAP_IDLE,
@@ -339,7 +339,7 @@ def _layout_command(
             )
         result = planner.balance(pctx, layout, options)
         plan = result.balanced
-        _export(exporter, plan, pctx, out)
+        _export(exporter, plan, pctx, out, planner, options)
         if as_json:
             print_json(result)
         else:
@@ -347,7 +347,7 @@ def _layout_command(
             stdout.print(Text(balance_line(result, given=layers_per_chunk is not None)))
     else:
         plan = planner.estimate(pctx, layout, options)
-        _export(exporter, plan, pctx, out)
+        _export(exporter, plan, pctx, out, planner, options)
         if as_json:
             print_json(plan)
         else:
@@ -360,13 +360,27 @@ def _layout_command(
         note(line)
 
 
-def _export(exporter: Exporter | None, plan: Plan, pctx: PricingContext, out: Path | None) -> None:
+def _export(
+    exporter: Exporter | None,
+    plan: Plan,
+    pctx: PricingContext,
+    out: Path | None,
+    planner: Planner,
+    options: PricingOptions,
+) -> None:
     """Before anything is printed: a plan that does not fit is not written (exit 1)."""
     if exporter is None or out is None:
         return
     if not plan.memory.fits:
         raise InfeasibleError(f"--export: the plan is {over_memory(plan)}; no file written")
-    write_export(exporter, plan, pctx, out, rank=None)
+    write_export(
+        exporter,
+        plan,
+        pctx,
+        out,
+        rank=None,
+        price=lambda lay, rec: planner.estimate_per_layer(pctx, lay, rec, options),
+    )
 
 
 def over_memory(plan: Plan) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,7 @@ import typer
 from ndplan.bootstrap import Components
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import InvalidInputError, NdplanError, PluginError
+from ndplan.core.layout import Layout
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, Exporter
 
@@ -71,13 +73,23 @@ def exporter_for(components: Components, export: str, framework: str) -> Exporte
     return exporter
 
 
+LayoutPricer = Callable[[Layout, Sequence[str]], Plan]
+"""Prices a layout with a recompute option per decoder layer (``Planner.estimate_per_layer``)."""
+
+
 def write_export(
-    exporter: Exporter, plan: Plan, ctx: PricingContext, out: Path, rank: int | None
+    exporter: Exporter,
+    plan: Plan,
+    ctx: PricingContext,
+    out: Path,
+    rank: int | None,
+    price: LayoutPricer,
 ) -> None:
-    """Render and write atomically (``out`` was checked up front), then say what was written
-    and every caveat, on stderr."""
+    """Render and write atomically (``out`` was checked up front), then say on stderr what
+    was written and every caveat. The exporter may price the plan's layout with another
+    recompute per layer, to write the fastest setting its framework states."""
     try:
-        exported = exporter.render(plan, ctx)
+        exported = exporter.render(plan, ctx, price=lambda options: price(plan.layout, options))
     except NdplanError:
         raise
     except Exception as exc:  # a third-party exporter's bug: name it, exit 4

@@ -841,7 +841,14 @@ def search_cmd(
         if ranking_out is not None:
             write_atomic(ranking_out, ranking_csv(outcome), force=True)
         if exporter is not None and out is not None:
-            write_export(exporter, result.plans[explain - 1], pctx, out, rank=explain)
+            write_export(
+                exporter,
+                result.plans[explain - 1],
+                pctx,
+                out,
+                rank=explain,
+                price=lambda lay, rec: planner.estimate_per_layer(pctx, lay, rec, options),
+            )
         if as_json:
             print_json(result_json(result))
         else:

@@ -186,6 +186,12 @@ class ModelReader(Protocol):
     def read(self, path: Path, recorder: Any) -> ModelSpec: ...
 
 
+PerLayerPricer = Callable[[Sequence[str]], "Plan"]
+"""Prices the plan's layout with a recompute option named for each decoder layer, in model
+order (``none``, ``full``, ``offload`` or switches such as ``norm+mlp``):
+``Planner.estimate_per_layer`` bound to the plan's context and layout."""
+
+
 @dataclass(frozen=True, slots=True)
 class Exported:
     """A plan written in a framework's terms."""
@@ -213,8 +219,13 @@ class Exporter(Protocol):
     """The framework whose plans it writes (a plan searched for another framework may
     use options this one lacks); None writes a plan of any."""
 
-    def render(self, plan: Plan, ctx: PricingContext) -> Exported:
-        """The config of ``plan``, priced in ``ctx`` (the model, cluster and job)."""
+    def render(
+        self, plan: Plan, ctx: PricingContext, price: PerLayerPricer | None = None
+    ) -> Exported:
+        """The config of ``plan``, priced in ``ctx`` (the model, cluster and job). Where
+        the framework cannot state the plan's per-layer recompute, ``price`` prices the
+        layout with another option per layer, so the exporter can write the fastest
+        setting the framework states that fits, and say what it costs."""
         ...
 
 

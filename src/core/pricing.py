@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .context import PricingContext, StagePlacement, layer_key, placement_key
@@ -373,6 +374,26 @@ class Pricer:
         )
         activations = tuple(self.activation_bytes(layout, a) for a in assignment)
         return self._finish(layout, stages, static_totals, assignment, activations, True)
+
+    def price_per_layer(self, layout: Layout, options: Sequence[Recompute]) -> PricedLayout:
+        """``layout`` with a given option for each decoder layer (model order): what a
+        framework runs when it cannot state a plan's per-layer choice and its config
+        recomputes another way (an exported config's uniform or first-N recompute)."""
+        model = self.ctx.model
+        if len(options) != model.num_layers:
+            raise ValueError(f"{len(options)} options for {model.num_layers} layers")
+        stages = self.ctx.placement(layout)
+        static_totals = self._static_totals(layout, stages)
+        assignment = []
+        for stage in stages:
+            groups: dict[tuple[int, int, Recompute], int] = {}
+            for chunk in stage.chunks:
+                for layer in range(chunk.start, chunk.stop):
+                    key = (model.layers[layer], chunk.in_flight, options[layer])
+                    groups[key] = groups.get(key, 0) + 1
+            assignment.append(tuple((kind, k, n, rec) for (kind, k, rec), n in groups.items()))
+        activations = tuple(self.activation_bytes(layout, a) for a in assignment)
+        return self._finish(layout, stages, static_totals, tuple(assignment), activations, True)
 
     def _price_fixed(
         self,

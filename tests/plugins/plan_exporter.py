@@ -16,7 +16,7 @@ class DegreesExporter:
     suffix = ".txt"
     framework = None
 
-    def render(self, plan, ctx) -> Exported:
+    def render(self, plan, ctx, price=None) -> Exported:
         RENDERED.append(plan)
         lay = plan.layout
         text = "".join(f"{k} {getattr(lay, k)}\n" for k in ("tp", "pp", "cp", "dp", "mbs"))
@@ -28,7 +28,7 @@ class BrokenExporter:
     suffix = ".txt"
     framework = None
 
-    def render(self, plan, ctx) -> Exported:
+    def render(self, plan, ctx, price=None) -> Exported:
         raise KeyError("layout")
 
 

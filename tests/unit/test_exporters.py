@@ -10,19 +10,21 @@ every chunk, and a caveat must say so.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import tomllib
 
 import pytest
 import yaml
 
+from ndplan.adapters.exporters import megatron, torchtitan
 from ndplan.adapters.exporters.common import Chunk, chunks, switches
 from ndplan.adapters.exporters.megatron import ARRAY, MODULES, recompute_args
 from ndplan.adapters.exporters.torchtitan import checkpoint_settings
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout
 from ndplan.core.ports import Exported, Exporter
-from ndplan.planner import Planner
+from ndplan.planner import Planner, PricingOptions
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +40,10 @@ def priced(planner: Planner, model: str, n: int, gbs: int, seq: int, layout: Lay
     return planner.estimate(ctx, layout), ctx
 
 
-def export(planner: Planner, name: str, plan, ctx) -> Exported:
+def export(planner: Planner, name: str, plan, ctx, price=None) -> Exported:
     exporter = planner.components.exporters.get(name)
     assert isinstance(exporter, Exporter)
-    made = exporter.render(plan, ctx)
+    made = exporter.render(plan, ctx, price=price)
     assert isinstance(made, Exported)
     return made
 
@@ -147,8 +149,10 @@ def chunk(options: str, index: int = 0) -> Chunk:
         ((chunk("full core_attn none"), chunk("none none none", 1)), False),
     ],
 )
-def test_megatron_recompute_saves_at_least_the_planned_memory(parts, exact: bool) -> None:
-    args, caveats = recompute_args(parts)
+def test_megatron_recompute_without_a_pricer_saves_at_least_the_planned_memory(
+    parts, exact: bool
+) -> None:
+    args, caveats = recompute_args(parts, plan=None, selective=frozenset({"core_attn"}))
     assert (caveats == []) == exact
     if args[1] == "full":  # whole layers: the first N of each chunk
         n = int(args[args.index("--recompute-num-layers") + 1])
@@ -182,7 +186,7 @@ def test_megatron_recompute_saves_at_least_the_planned_memory(parts, exact: bool
     ],
 )
 def test_torchtitan_checkpointing(parts, settings, exact: bool) -> None:
-    written, caveats = checkpoint_settings(parts)
+    written, caveats = checkpoint_settings(parts, plan=None)
     assert written == settings
     assert (caveats == []) == exact
 
@@ -282,3 +286,45 @@ def test_ndplan_json_is_the_plan_with_its_inputs(planner: Planner) -> None:
     assert inputs == {"model": ctx.model.name, "device": "h100-sxm", "devices": 16,
                       "job": {"global_batch_size": 64, "seq_length": 8192}}  # fmt: skip
     assert document == json.loads(plan.model_dump_json())
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torchtitan"])
+def test_a_per_layer_choice_is_written_as_the_fastest_setting_that_fits(
+    planner: Planner, framework: str
+) -> None:
+    """Where the framework cannot state the plan's per-layer recompute, the exporter
+    prices every setting it can state and writes the fastest that fits, saying what it
+    costs; checked here against pricing each candidate by hand."""
+    options = PricingOptions(max_mem_gib=24)
+    ctx = planner.context(
+        planner.model("llama-3-8b"), planner.device("h100"), 8,
+        Job(global_batch_size=32, seq_length=4096, framework=framework), options=options,
+    )  # fmt: skip
+    # The best layouts of that search (ndplan search … --max-mem 24): per-layer mixes.
+    layout = (
+        Layout(tp=4, pp=2, num_microbatches=32, zero=1, sp=True, recompute="auto")
+        if framework == "megatron"
+        else Layout(tp=4, cp=2, num_microbatches=32, zero=3, sp=True, recompute="auto")
+    )
+    plan = planner.estimate(ctx, layout, options)
+    parts = chunks(plan, ctx)
+    assert len({o for c in parts for o in c.options}) > 1  # a per-layer mix to stand in for
+
+    def price(recompute):
+        return planner.estimate_per_layer(ctx, plan.layout, recompute, options)
+
+    module = megatron if framework == "megatron" else torchtitan
+    found = [(price(s.options), s) for s in module.candidates(parts, *(
+        (ctx.framework.selective,) if framework == "megatron" else ()))]  # fmt: skip
+    fitting = [(p.time.step_s, i, s) for i, (p, s) in enumerate(found) if p.memory.fits]
+    assert fitting, "some setting the framework states fits"
+    step, _, best = min(fitting)
+    assert step >= plan.time.step_s * (1 - 1e-12)  # the per-layer choice was the optimum
+    made = export(planner, framework, plan, ctx, price=price)
+    (caveat,) = [c for c in made.caveats if "per layer" in c]
+    assert f"written as {best.description}, the fastest setting it states that fits" in caveat
+    assert f"{step:.3f} s per step" in caveat
+    if framework == "megatron":
+        assert "  " + shlex.join(best.settings) in made.text.splitlines() or best.settings == []
+    else:
+        assert tomllib.loads(made.text)["activation_checkpoint"] == best.settings

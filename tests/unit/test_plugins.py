@@ -87,7 +87,7 @@ class StubExporter:
     suffix = ".txt"
     framework = None
 
-    def render(self, plan, ctx):
+    def render(self, plan, ctx, price=None):
         return Exported(text="")
 
 

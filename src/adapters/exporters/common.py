@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from ndplan.core.context import PricingContext, chunk_stage, layer_counts
 from ndplan.core.plan import Plan
+from ndplan.core.ports import PerLayerPricer
 from ndplan.core.recompute import FULL, NONE
 
 OFFLOAD = "offload"
@@ -48,6 +49,12 @@ def chunks(plan: Plan, ctx: PricingContext) -> tuple[Chunk, ...]:
         out.append(Chunk(i, chunk_stage(layout, i), start, options))
         start += n
     return tuple(out)
+
+
+def per_layer(parts: tuple[Chunk, ...], choose) -> tuple[str, ...]:
+    """The option each decoder layer runs, in model order, as ``choose(chunk, index)``
+    gives it for the layer at ``index`` within its chunk."""
+    return tuple(choose(c, i) for c in parts for i in range(len(c.options)))
 
 
 def options_used(parts: tuple[Chunk, ...]) -> set[str]:
@@ -89,3 +96,74 @@ def summary_lines(plan: Plan, ctx: PricingContext, fmt: str) -> list[str]:
             f"{plan.memory.peak_stage}"
         )
     return lines
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One recompute setting a framework's config states: its settings (arguments, a
+    table), in words, and the option it runs on each decoder layer (model order)."""
+
+    settings: object
+    description: str
+    options: tuple[str, ...]
+
+
+def fastest_fitting(
+    candidates: list[Setting], price: PerLayerPricer
+) -> tuple[Setting, Plan] | None:
+    """The fastest setting that fits in memory, priced as written (the first of equals:
+    candidates come in a fixed order); None when none fits."""
+    best: tuple[Setting, Plan] | None = None
+    for setting in candidates:
+        priced = price(setting.options)
+        if not priced.memory.fits or priced.time is None:
+            continue
+        if best is None or priced.time.step_s < best[1].time.step_s:
+            best = (setting, priced)
+    return best
+
+
+def stand_in(
+    framework: str,
+    what: str,
+    parts: tuple[Chunk, ...],
+    plan: Plan,
+    candidates: list[Setting],
+    safe: Setting,
+    price: PerLayerPricer | None,
+) -> tuple[Setting, str]:
+    """The setting to write for a per-layer choice the framework cannot state, and the
+    caveat saying so. With ``price``, the fastest of ``candidates`` that fits, and what it
+    costs; else (or when none fits) ``safe``, which saves at least the planned memory on
+    every layer."""
+    head = (
+        f"{framework}: the plan recomputes per layer ({assignment_text(parts)}), which "
+        f"{what} cannot state"
+    )
+    tail = (
+        f"; search with --recompute none, selective or full to rank only plans {framework} "
+        "states exactly"
+    )
+    found = fastest_fitting(candidates, price) if price is not None else None
+    if found is None:
+        cost = ""
+        if price is not None:
+            cost = ", " + _cost(plan, price(safe.options)) + " (no setting it states fits)"
+        return safe, (
+            f"{head}; written as {safe.description}: no more memory than planned on any "
+            f"layer{cost}{tail}"
+        )
+    setting, priced = found
+    return setting, (
+        f"{head}; written as {setting.description}, the fastest setting it states that fits "
+        f"by ndplan's estimate: {_cost(plan, priced)}{tail}"
+    )
+
+
+def _cost(plan: Plan, priced: Plan) -> str:
+    step, planned = priced.time.step_s, plan.time.step_s
+    mem = priced.memory
+    return (
+        f"{step:.3f} s per step ({100 * (step / planned - 1):+.1f} % against the plan's "
+        f"{planned:.3f} s), peak {mem.peak_bytes / 2**30:.1f} GiB on stage {mem.peak_stage}"
+    )

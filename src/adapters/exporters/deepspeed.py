@@ -11,7 +11,7 @@ import json
 
 from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan
-from ndplan.core.ports import Exported
+from ndplan.core.ports import Exported, PerLayerPricer
 from ndplan.core.recompute import FULL
 
 from .common import chunks, options_used
@@ -24,7 +24,9 @@ class DeepSpeedExporter:
     suffix = ".json"
     framework = "deepspeed"
 
-    def render(self, plan: Plan, ctx: PricingContext) -> Exported:
+    def render(
+        self, plan: Plan, ctx: PricingContext, price: PerLayerPricer | None = None
+    ) -> Exported:
         lay, job = plan.layout, ctx.settings
         caveats: list[str] = []
         zero: dict[str, object] = {

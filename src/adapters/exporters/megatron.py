@@ -7,16 +7,28 @@ overlaps the time model assumes); the model's shape stays in the user's launch s
 from __future__ import annotations
 
 import shlex
+from itertools import combinations
 
 from ndplan.core.context import PricingContext, layer_counts
+from ndplan.core.frameworks import SWITCHES
 from ndplan.core.layout import Layout
 from ndplan.core.memory import fp8_primary_weights
 from ndplan.core.model import ModelSpec
 from ndplan.core.plan import Plan
-from ndplan.core.ports import Exported
+from ndplan.core.ports import Exported, PerLayerPricer
 from ndplan.core.recompute import FULL, NONE
 
-from .common import OFFLOAD, Chunk, assignment_text, chunks, options_used, summary_lines, switches
+from .common import (
+    OFFLOAD,
+    Chunk,
+    Setting,
+    chunks,
+    options_used,
+    per_layer,
+    stand_in,
+    summary_lines,
+    switches,
+)
 
 MODULES = {
     "core_attn": "core_attn",
@@ -52,59 +64,135 @@ def pipeline_layout(model: ModelSpec, layout: Layout) -> str:
     return "|".join(parts)
 
 
-def recompute_args(parts: tuple[Chunk, ...]) -> tuple[list[str], list[str]]:
-    """Megatron's recompute arguments for the per-layer choice, and the caveats where it
-    cannot state that choice. Megatron recomputes one way for every layer: whole layers
-    (the first N of each chunk, ``block``) or the same modules of every layer
-    (``selective``). A choice it cannot state is written so that each layer saves at
-    least the memory planned (more recompute), and the caveat says what that costs."""
+SELECTIVE = ["--recompute-granularity", "selective", "--recompute-modules"]
+
+
+def block(n: int) -> list[str]:
+    """Whole layers: the first ``n`` of each chunk."""
+    return ["--recompute-granularity", "full", "--recompute-method", "block",
+            "--recompute-num-layers", str(n)]  # fmt: skip
+
+
+UNIFORM_FULL = ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1"]  # fmt: skip
+
+
+def offload(n: int) -> list[str]:
+    return ["--cpu-offloading", "--cpu-offloading-num-layers", str(n)]
+
+
+def _name(union: frozenset[str]) -> str:
+    return "+".join(s for s in SWITCHES if s in union) or NONE
+
+
+def exact_args(parts: tuple[Chunk, ...]) -> list[str] | None:
+    """Megatron's arguments for the plan's recompute where they state it exactly (one way
+    for every layer: the same modules, or whole or offloaded layers first in each chunk);
+    None where they cannot."""
     used = options_used(parts)
     if used <= {NONE}:
-        return [], []
+        return []
+    if used == {FULL}:
+        return UNIFORM_FULL
+    for option, args in ((FULL, block), (OFFLOAD, offload)):
+        if used <= {NONE, option}:
+            most = max(c.count(option) for c in parts)
+            return args(most) if all(c.leads_with(option, most) for c in parts) else None
+    if len(used) == 1:
+        modules = [MODULES[s] for s in MODULES if s in switches(next(iter(used)))]
+        # No modules: only switches Megatron applies by itself (the SP gathers).
+        return [*SELECTIVE, *modules] if modules else []
+    return None
+
+
+def _first(parts: tuple[Chunk, ...], n: int, option: str) -> tuple[str, ...]:
+    return per_layer(parts, lambda c, i: option if i < n else NONE)
+
+
+def candidates(parts: tuple[Chunk, ...], selective: frozenset[str]) -> list[Setting]:
+    """Every recompute setting Megatron states that may stand in for a per-layer choice,
+    in a fixed order: no recompute; the same modules on every layer (each subset of the
+    switches the plan uses, and Megatron's default); the first N layers of each chunk
+    whole; the first N offloaded, where the plan offloads."""
+    used = options_used(parts)
+    pool = [s for s in MODULES if s in frozenset().union(selective, *(switches(o) for o in used))]
+    out = [Setting([], "no recompute", per_layer(parts, lambda c, i: NONE))]
+    for size in range(1, len(pool) + 1):
+        for subset in combinations(pool, size):
+            modules = [MODULES[s] for s in subset]
+            name = _name(frozenset(subset))
+            out.append(
+                Setting(
+                    [*SELECTIVE, *modules],
+                    f"selective recompute of {' '.join(modules)} on every layer",
+                    per_layer(parts, lambda c, i, name=name: name),
+                )
+            )
+    longest = max(len(c.options) for c in parts)
+    for n in range(1, longest + 1):
+        whole = _first(parts, n, FULL)
+        if n == longest:
+            out.append(Setting(UNIFORM_FULL, "full recompute of every layer", whole))
+        else:
+            out.append(Setting(block(n), _first_words(n, "full recompute"), whole))
+    if OFFLOAD in used:
+        for n in range(1, longest + 1):
+            out.append(
+                Setting(
+                    offload(n), _first_words(n, "activation offload"), _first(parts, n, OFFLOAD)
+                )
+            )
+    return out
+
+
+def _first_words(n: int, what: str) -> str:
+    return f"{what} of the first {n} layer{'s' if n > 1 else ''} of each chunk"
+
+
+def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
+    """A setting that saves at least the planned memory on every layer: whole layers
+    where the plan recomputes any whole or offloads (the first N of each chunk), else
+    the union of its modules on every layer."""
+    used = options_used(parts)
     if used <= {NONE, OFFLOAD}:
         most = max(c.count(OFFLOAD) for c in parts)
-        args = ["--cpu-offloading", "--cpu-offloading-num-layers", str(most)]
-        exact = all(c.leads_with(OFFLOAD, most) for c in parts)
-        return args, [] if exact else [
-            _inexact(parts, f"activation offload of {most} layers per chunk")
-        ]
-    if used <= {NONE, FULL}:
-        most = max(c.count(FULL) for c in parts)
-        if used == {FULL}:
-            return ["--recompute-granularity", "full", "--recompute-method", "uniform",
-                    "--recompute-num-layers", "1"], []  # fmt: skip
-        args = ["--recompute-granularity", "full", "--recompute-method", "block",
-                "--recompute-num-layers", str(most)]  # fmt: skip
-        exact = all(c.leads_with(FULL, most) for c in parts)
-        return args, [] if exact else [
-            _inexact(parts, f"full recompute of the first {most} layers of each chunk")
-        ]
+        return Setting(
+            offload(most), _first_words(most, "activation offload"), _first(parts, most, OFFLOAD)
+        )
     if FULL in used or OFFLOAD in used:
-        # Whole layers beside selective ones: only 'full' saves at least as much on every layer.
         most = max(len(c.options) - c.count(NONE) for c in parts)
-        args = ["--recompute-granularity", "full", "--recompute-method", "block",
-                "--recompute-num-layers", str(most)]  # fmt: skip
-        return args, [_inexact(parts, f"full recompute of the first {most} layers of each chunk")]
+        return Setting(block(most), _first_words(most, "full recompute"), _first(parts, most, FULL))
     union = frozenset().union(*(switches(o) for o in used))
     modules = [MODULES[s] for s in MODULES if s in union]
-    if not modules:  # only switches Megatron applies by itself
-        return [], []
-    args = ["--recompute-granularity", "selective", "--recompute-modules", *modules]
-    caveats = []
-    if len(used) > 1:
-        caveats.append(
-            _inexact(parts, f"selective recompute of {' '.join(modules)} on every layer")
-        )
-    return args, caveats
-
-
-def _inexact(parts: tuple[Chunk, ...], written: str) -> str:
-    return (
-        f"megatron: the plan recomputes per layer ({assignment_text(parts)}), which Megatron's "
-        f"arguments cannot state; written as {written}: no more memory than planned, possibly "
-        "slower (search with --recompute none, selective or full for plans Megatron states "
-        "exactly)"
+    name = _name(union)
+    return Setting(
+        [*SELECTIVE, *modules],
+        f"selective recompute of {' '.join(modules)} on every layer",
+        per_layer(parts, lambda c, i: name),
     )
+
+
+def recompute_args(
+    parts: tuple[Chunk, ...],
+    plan: Plan,
+    selective: frozenset[str],
+    price: PerLayerPricer | None = None,
+) -> tuple[list[str], list[str]]:
+    """Megatron's recompute arguments for the plan, and a caveat where they cannot state
+    its per-layer choice (``stand_in``)."""
+    exact = exact_args(parts)
+    if exact is not None:
+        return exact, []
+    setting, caveat = stand_in(
+        "megatron",
+        "Megatron's arguments",
+        parts,
+        plan,
+        candidates(parts, selective),
+        memory_safe(parts),
+        price,
+    )
+    return list(setting.settings), [caveat]
 
 
 class MegatronExporter:
@@ -114,7 +202,9 @@ class MegatronExporter:
     suffix = ".sh"
     framework = "megatron"
 
-    def render(self, plan: Plan, ctx: PricingContext) -> Exported:
+    def render(
+        self, plan: Plan, ctx: PricingContext, price: PerLayerPricer | None = None
+    ) -> Exported:
         lay, job = plan.layout, ctx.settings
         caveats: list[str] = []
         args: list[list[str]] = [
@@ -175,7 +265,8 @@ class MegatronExporter:
             args.append(["--cross-entropy-loss-fusion"])
         if ctx.deferred_head_wgrads(lay):
             args.append(["--defer-embedding-wgrad-compute", "--wgrad-deferral-limit", str(job.wgrad_deferral_limit)])  # fmt: skip
-        recompute, inexact = recompute_args(chunks(plan, ctx))
+        parts = chunks(plan, ctx)
+        recompute, inexact = recompute_args(parts, plan, ctx.framework.selective, price)
         if recompute:
             args.append(recompute)
         caveats += inexact

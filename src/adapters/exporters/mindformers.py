@@ -7,7 +7,7 @@ import yaml
 
 from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan
-from ndplan.core.ports import Exported
+from ndplan.core.ports import Exported, PerLayerPricer
 from ndplan.core.recompute import FULL, NONE
 
 from .common import Chunk, chunks, options_used, summary_lines, switches
@@ -41,7 +41,9 @@ class MindFormersExporter:
     suffix = ".yaml"
     framework = "mindformers"
 
-    def render(self, plan: Plan, ctx: PricingContext) -> Exported:
+    def render(
+        self, plan: Plan, ctx: PricingContext, price: PerLayerPricer | None = None
+    ) -> Exported:
         lay, job = plan.layout, ctx.settings
         caveats: list[str] = []
         parts = chunks(plan, ctx)

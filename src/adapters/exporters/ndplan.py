@@ -7,7 +7,7 @@ import json
 
 from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan
-from ndplan.core.ports import Exported
+from ndplan.core.ports import Exported, PerLayerPricer
 
 
 class NdplanExporter:
@@ -17,7 +17,9 @@ class NdplanExporter:
     suffix = ".json"
     framework = None
 
-    def render(self, plan: Plan, ctx: PricingContext) -> Exported:
+    def render(
+        self, plan: Plan, ctx: PricingContext, price: PerLayerPricer | None = None
+    ) -> Exported:
         document = {
             "inputs": {
                 "model": ctx.model.name,

@@ -7,10 +7,10 @@ import json
 
 from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan
-from ndplan.core.ports import Exported
+from ndplan.core.ports import Exported, PerLayerPricer
 from ndplan.core.recompute import FULL, NONE
 
-from .common import Chunk, assignment_text, chunks, options_used, summary_lines
+from .common import Chunk, Setting, chunks, options_used, per_layer, stand_in, summary_lines
 
 SCHEDULES = {
     "1f1b": "1F1B",
@@ -21,47 +21,88 @@ SCHEDULES = {
 PER_OP = "op"
 
 
-def checkpoint_settings(parts: tuple[Chunk, ...]) -> tuple[dict[str, str], list[str]]:
-    """torchtitan's ``[activation_checkpoint]`` for the per-layer choice, and the caveats
-    where it cannot state it. torchtitan checkpoints every layer (``full``), applies its
-    per-op policy to every layer (``selective``, ``op``), or checkpoints every N-th layer
-    whole (``selective``, ``"N"``). Whatever it cannot state is written so that each
-    chunk saves at least the memory planned."""
+NO_CHECKPOINTING = {"mode": "none"}
+FULL_CHECKPOINTING = {"mode": "full"}
+PER_OP_CHECKPOINTING = {"mode": "selective", "selective_ac_option": PER_OP}
+
+
+def every(n: int) -> dict[str, str]:
+    """One layer in every ``n`` checkpointed whole (torchtitan counts them per rank)."""
+    return FULL_CHECKPOINTING if n == 1 else {"mode": "selective", "selective_ac_option": str(n)}
+
+
+def _every_words(n: int) -> str:
+    return (
+        "every layer checkpointed whole" if n == 1 else f"one layer in every {n} checkpointed whole"
+    )
+
+
+def _every_options(parts: tuple[Chunk, ...], n: int) -> tuple[str, ...]:
+    return per_layer(parts, lambda c, i: FULL if i % n == 0 else NONE)
+
+
+def exact_checkpointing(parts: tuple[Chunk, ...]) -> dict[str, str] | None:
+    """torchtitan's ``[activation_checkpoint]`` where it states the plan exactly: no
+    checkpointing, every layer whole, the per-op policy on every layer, or one layer in
+    every N whole where that is each chunk's count; None where it cannot."""
     used = options_used(parts)
     if used <= {NONE}:
-        return {"mode": "none"}, []
+        return NO_CHECKPOINTING
     if used == {FULL}:
-        return {"mode": "full"}, []
+        return FULL_CHECKPOINTING
     if used == {PER_OP}:
-        return {"mode": "selective", "selective_ac_option": PER_OP}, []
-    if FULL not in used:  # the per-op policy on some layers only: on all of them
-        return {"mode": "selective", "selective_ac_option": PER_OP}, [
-            _inexact(parts, "the per-op policy on every layer")
-        ]
-    # Whole layers: every N-th, with N small enough that each chunk checkpoints at least
-    # the layers the plan recomputes (counting per-op layers as whole ones).
-    wanted = [(len(c.options), len(c.options) - c.count(NONE)) for c in parts]
-    every = min(n // k for n, k in wanted if k)
-    if every == 1:
-        settings = {"mode": "full"}
-        exact = all(k == n for n, k in wanted)
-        written = "every layer checkpointed whole"
-    else:
-        settings = {"mode": "selective", "selective_ac_option": str(every)}
-        exact = all(-(-n // every) == k for n, k in wanted)
-        written = f"one layer in every {every} checkpointed whole"
-    if PER_OP in used or not exact:
-        return settings, [_inexact(parts, written)]
-    return settings, []
+        return PER_OP_CHECKPOINTING
+    if used == {NONE, FULL}:
+        wanted = [(len(c.options), c.count(FULL)) for c in parts]
+        n = min(size // k for size, k in wanted if k)
+        if all(-(-size // n) == k for size, k in wanted):
+            return every(n)
+    return None
 
 
-def _inexact(parts: tuple[Chunk, ...], written: str) -> str:
-    return (
-        f"torchtitan: the plan recomputes per layer ({assignment_text(parts)}), which "
-        f"torchtitan's activation_checkpoint cannot state; written as {written}: no more "
-        "memory than planned, possibly slower (search with --recompute none, selective or "
-        "full for plans torchtitan states exactly)"
+def candidates(parts: tuple[Chunk, ...]) -> list[Setting]:
+    """Every checkpointing torchtitan states that may stand in for a per-layer choice, in
+    a fixed order: none, the per-op policy on every layer, one layer in every N whole."""
+    out = [
+        Setting(NO_CHECKPOINTING, "no checkpointing", per_layer(parts, lambda c, i: NONE)),
+        Setting(PER_OP_CHECKPOINTING, "the per-op policy on every layer", per_layer(parts, lambda c, i: PER_OP)),
+    ]  # fmt: skip
+    longest = max(len(c.options) for c in parts)
+    out += [
+        Setting(every(n), _every_words(n), _every_options(parts, n)) for n in range(1, longest + 1)
+    ]
+    return out
+
+
+def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
+    """A checkpointing that saves at least the planned memory in every chunk: the per-op
+    policy on every layer where the plan checkpoints no layer whole, else one layer in
+    every N whole with N small enough for each chunk's count (per-op layers counted as
+    whole ones)."""
+    if FULL not in options_used(parts):
+        return candidates(parts)[1]
+    n = min(len(c.options) // k for c in parts if (k := len(c.options) - c.count(NONE)))
+    return Setting(every(n), _every_words(n), _every_options(parts, n))
+
+
+def checkpoint_settings(
+    parts: tuple[Chunk, ...], plan: Plan, price: PerLayerPricer | None = None
+) -> tuple[dict[str, str], list[str]]:
+    """torchtitan's ``[activation_checkpoint]`` for the plan, and a caveat where it cannot
+    state its per-layer choice (``stand_in``)."""
+    exact = exact_checkpointing(parts)
+    if exact is not None:
+        return exact, []
+    setting, caveat = stand_in(
+        "torchtitan",
+        "torchtitan's activation_checkpoint",
+        parts,
+        plan,
+        candidates(parts),
+        memory_safe(parts),
+        price,
     )
+    return dict(setting.settings), [caveat]
 
 
 def model_parts(parts: tuple[Chunk, ...]) -> list[list[str]]:
@@ -80,7 +121,9 @@ class TorchtitanExporter:
     suffix = ".toml"
     framework = "torchtitan"
 
-    def render(self, plan: Plan, ctx: PricingContext) -> Exported:
+    def render(
+        self, plan: Plan, ctx: PricingContext, price: PerLayerPricer | None = None
+    ) -> Exported:
         lay, job = plan.layout, ctx.settings
         caveats: list[str] = []
         sharded = lay.zero == 3
@@ -121,7 +164,7 @@ class TorchtitanExporter:
                 "memory as well as the optimizer state the plan offloads: less device "
                 "memory than planned, and slower"
             )
-        checkpoint, inexact = checkpoint_settings(parts)
+        checkpoint, inexact = checkpoint_settings(parts, plan, price)
         caveats += inexact
         sections: list[tuple[str, dict[str, object]]] = [
             ("parallelism", parallelism),
