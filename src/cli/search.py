@@ -16,7 +16,7 @@ import yaml
 from pydantic import ValidationError
 from rich.text import Text
 
-from ndplan.adapters.readers.launch import Problem
+from ndplan.adapters.readers.launch import LaunchLayout, Problem
 from ndplan.adapters.readers.megatron_args import (
     arguments_from_mapping,
     looks_like_megatron_args,
@@ -91,6 +91,7 @@ from .output import (
 )
 from .progress import progress_reporter
 from .render import (
+    estimate_flags,
     header,
     near_tie_note,
     never_tried_warning,
@@ -777,7 +778,7 @@ def search_cmd(
             raise InvalidInputError(
                 "--baseline: " + REBALANCE_CONFLICT.format(rebalancing="--rebalance")
             )
-        stated = baseline_values(baseline, pctx) if baseline else None
+        stated, stated_split = baseline_values(baseline, pctx) if baseline else (None, None)
         sinks = []
         made_debug_dir = False
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
@@ -874,6 +875,7 @@ def search_cmd(
             stdout.print(Text(title, style="bold"))
             stdout.print(plan_report(pctx, chosen, flags=True), crop=False)
         for warning in (
+            split_warning(baseline, stated_split, result) if baseline else None,
             never_tried_warning(result, pctx.cluster.num_devices, pctx.job.global_batch_size),
             unfilled_pipeline_warning(result.plans),
         ):
@@ -930,13 +932,17 @@ def result_json(result: SearchResult) -> dict:
 BASELINE_KEYS = INT_DIMS | BOOL_DIMS | {"recompute", "schedule"}
 
 
-def baseline_values(text: str, ctx: PricingContext) -> dict[str, int | bool | str]:
+def baseline_values(
+    text: str, ctx: PricingContext
+) -> tuple[dict[str, int | bool | str], tuple[int, ...] | None]:
     """``--baseline``: ``tp=4,pp=8,vpp=5``, the layout as ndplan prints it (``tp4 pp8×5 cp1
     dp2 mbs1 z1``: the baseline line, search-quality.md), a YAML/JSON file of those
     degrees or of one plan (its ``layout``, as ``estimate --json`` prints it), or a
     framework's launch config (``launch_layout``). ``auto``, ``?`` and null leave a degree
-    to the search."""
+    to the search. Then the decoder layers per chunk it states, if any: the search ranks
+    its own splits, and ``split_warning`` says when the placed one differs."""
     global_batch = ctx.job.global_batch_size
+    split: tuple[int, ...] | None = None
     if "=" in text:
         data: Any = {}
         for item in text.replace(",", " ").split():
@@ -963,8 +969,10 @@ def baseline_values(text: str, ctx: PricingContext) -> dict[str, int | bool | st
                 "prints a layout (tp4 pp8×5 dp2 mbs1 z1) or a YAML/JSON file"
             )
         where = f"--baseline {text}"
-        data = launch_layout(path, where, ctx)
-        if data is None:
+        launch = launch_layout(path, where, ctx)
+        if launch is not None:
+            data, split = launch.degrees, launch.split
+        else:
             data = read_yaml(path, "baseline")
         if isinstance(data, dict) and isinstance(data.get("layout"), dict):
             data = data["layout"]  # one plan, as estimate --json prints it
@@ -980,10 +988,14 @@ def baseline_values(text: str, ctx: PricingContext) -> dict[str, int | bool | st
         field = dimension_name(key)
         if field == "layers_per_stage":
             if value is not None:
-                raise InvalidInputError(
-                    f"{where}: layers_per_stage: the search tries even and balanced splits only; "
-                    "price that split with estimate --layers-per-chunk"
-                )
+                if not isinstance(value, list) or not all(
+                    isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value
+                ):
+                    raise InvalidInputError(
+                        f"{where}: layers_per_stage: expected decoder layers per chunk, "
+                        f"e.g. [20, 20, 21, 19], got {value!r}"
+                    )
+                split = tuple(value)
             continue
         if field == "num_microbatches":
             microbatches = value
@@ -1008,10 +1020,36 @@ def baseline_values(text: str, ctx: PricingContext) -> dict[str, int | bool | st
             )
     if not out:
         raise InvalidInputError(f"{where}: states no degree; give e.g. tp=4,pp=8,vpp=5")
-    return out
+    pp = out.get("pp")
+    # The chunks the split places (DualPipeV's 2·pp chunks are not virtual stages).
+    if (
+        split is not None
+        and "vpp" not in out
+        and isinstance(pp, int)
+        and len(split) % pp == 0
+        and out.get("schedule") != "dualpipev"
+    ):
+        out["vpp"] = len(split) // pp
+    return out, split
 
 
-def launch_layout(path: Path, where: str, ctx: PricingContext) -> dict | None:
+def split_warning(text: str, split: tuple[int, ...] | None, result: SearchResult) -> str | None:
+    """Where a baseline states its layers per chunk and the search placed it with another
+    of its own splits (even or balanced): which, and how to price the stated one."""
+    placed = result.baseline.plan if result.baseline is not None else None
+    if split is None or placed is None or placed.chunk_layers() == split:
+        return None
+    counts = ",".join(map(str, split))
+    flags = estimate_flags(placed).split(" --layers-per-chunk")[0]
+    return (
+        f"warning: --baseline {text}: its layers per chunk ({counts}) are not a split the "
+        f"search tries; ranked with the search's own "
+        f"({','.join(map(str, placed.chunk_layers()))}); price yours with estimate {flags} "
+        f"--layers-per-chunk {counts}"
+    )
+
+
+def launch_layout(path: Path, where: str, ctx: PricingContext) -> LaunchLayout | None:
     """The layout a framework's launch config states — Megatron-LM arguments (a script of
     ``--flags``, or a JSON/YAML of its args), a torchtitan TOML, a MindFormers YAML —
     with a note on what the ranking cannot reproduce; None for ndplan's own files."""
@@ -1048,7 +1086,7 @@ def launch_layout(path: Path, where: str, ctx: PricingContext) -> dict | None:
         return None
     for line in read.notes:
         note(f"note: {line}")
-    return read.degrees
+    return read
 
 
 def baseline_line(result: SearchResult) -> str:

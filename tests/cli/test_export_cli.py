@@ -249,3 +249,22 @@ def test_framework_configs_read_back_as_the_same_layout(
     baseline = json.loads(out)["baseline"]
     assert baseline["rank"] == 1 and baseline["gap"] == 0.0
     assert baseline["plan"]["layout"] == best["layout"]
+
+
+def test_an_uneven_split_reads_back_as_the_same_plan(capsys, tmp_path: Path) -> None:
+    """The best torchtitan plans here place their layers with the search's balanced split:
+    the ndplan format carries it, and --baseline ranks it first with no warning."""
+    flags = (*TIGHT, "--framework", "torchtitan")
+    target = tmp_path / "plan.json"
+    code, out, err = invoke(
+        capsys, "search", *flags, "--json", "--export", "ndplan", "--out", str(target)
+    )
+    assert code == 0, err
+    best = json.loads(out)["plans"][0]
+    assert best["layout"]["layers_per_stage"] is not None
+    code, out, err = invoke(capsys, "search", *flags, "--json", "--baseline", str(target))
+    assert code == 0, err
+    baseline = json.loads(out)["baseline"]
+    assert baseline["rank"] == 1 and baseline["gap"] == 0.0
+    assert baseline["plan"]["layout"] == best["layout"]
+    assert "layers per chunk" not in err

@@ -1148,17 +1148,39 @@ def test_a_baseline_that_does_not_fit_is_reported_not_fatal(capsys) -> None:
             "--baseline tp2 tensor4: no such file; give degrees as tp=4,pp=8,vpp=5, as",
         ),
         ("plans.json", "holds a search's plans"),
-        ("split.json", "layers_per_stage: the search tries even and balanced splits only"),
+        (
+            "split.json",
+            "layers_per_stage: expected decoder layers per chunk, e.g. [20, 20, 21, 19]",
+        ),
         ("batch.json", "num_microbatches(3) needs dp and mbs"),
     ],
 )
 def test_a_bad_baseline_is_invalid_input(capsys, tmp_path: Path, monkeypatch, baseline, says):
     monkeypatch.chdir(tmp_path)
     Path("plans.json").write_text('{"summary": {}, "plans": []}')
-    Path("split.json").write_text('{"layout": {"tp": 1, "pp": 2, "layers_per_stage": [20, 12]}}')
+    Path("split.json").write_text('{"layout": {"tp": 1, "pp": 2, "layers_per_stage": "20,12"}}')
     Path("batch.json").write_text('{"tp": 1, "dp": 8, "mbs": 1, "num_microbatches": 3}')
     code, out, err = invoke(capsys, "search", *SMALL, "--baseline", baseline)
     assert code == 3 and says in one_error_line(err) and out == ""
+
+
+def test_a_baseline_split_the_search_does_not_try_is_ranked_with_its_own_and_said(
+    capsys, tmp_path: Path
+) -> None:
+    """A baseline stating its layers per chunk is placed with the search's own splits (even
+    or balanced); where the stated one differs, a warning names the split ranked and the
+    estimate command that prices the stated one."""
+    split = tmp_path / "split.json"
+    split.write_text('{"layout": {"tp": 1, "pp": 2, "layers_per_stage": [20, 12]}}')
+    code, out, err = invoke(capsys, "search", *SMALL, "--baseline", str(split))
+    assert code == 0, err
+    assert "baseline (tp=1 pp=2 vpp=1): tp1 pp2 " in out  # one chunk per stage, as the split
+    (line,) = [x for x in err.splitlines() if "layers per chunk" in x]
+    assert line.startswith(
+        f"warning: --baseline {split}: its layers per chunk (20,12) are not a split the search "
+        "tries; ranked with the search's own (17,15); price yours with estimate --tp 1 --pp 2 "
+    )  # the balanced split: the last stage lighter by the output layer
+    assert line.endswith(" --layers-per-chunk 20,12")
 
 
 def test_a_baseline_is_not_placed_among_rebalanced_plans(capsys, tmp_path: Path) -> None:

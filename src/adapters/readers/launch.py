@@ -30,6 +30,9 @@ class LaunchLayout:
 
     degrees: dict[str, int | bool | str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    split: tuple[int, ...] | None = None
+    """Decoder layers per chunk where the config places them itself: the search ranks its
+    own splits (even or balanced), and says so when the placed one differs."""
 
 
 def positive(value: object, name: str, where: str) -> int:
@@ -59,14 +62,6 @@ def check_sequence(where: str, name: str, stated: int, problem: Problem) -> None
             f"{where}: {name} {stated} differs from the search's --seq-len {problem.seq_length}; "
             f"search with --seq-len {stated} or place another layout"
         )
-
-
-def split_note(where: str, source: str, counts: list[int]) -> str:
-    """The note for a layer placement the ranking does not take as stated."""
-    return (
-        f"{where}: ranked with the search's own layer splits (even or balanced); price the "
-        f"placement of its {source} with estimate --layers-per-chunk " + ",".join(map(str, counts))
-    )
 
 
 def per_layer_note(where: str, what: str) -> str:

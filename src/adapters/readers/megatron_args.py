@@ -24,7 +24,6 @@ from .launch import (
     check_sequence,
     per_layer_note,
     positive,
-    split_note,
 )
 
 DEGREES = {
@@ -171,7 +170,7 @@ def megatron_layout(found: Mapping[str, Any], where: str, problem: Problem) -> L
             )
         degrees["vpp"] = chunks // pp
         counts = [part.count("t") for part in spelled.split("|")]
-        result.notes.append(split_note(where, "--pipeline-model-parallel-layout", counts))
+        result.split = tuple(counts)
     elif (
         "--decoder-first-pipeline-num-layers" in found
         or "--decoder-last-pipeline-num-layers" in found

@@ -8,7 +8,7 @@ from typing import Any
 
 from ndplan.core.errors import InvalidInputError
 
-from .launch import LaunchLayout, Problem, check_batch, per_layer_note, positive, split_note
+from .launch import LaunchLayout, Problem, check_batch, per_layer_note, positive
 
 
 def is_mindformers(data: Any) -> bool:
@@ -62,7 +62,7 @@ def mindformers_layout(config: Mapping[str, Any], where: str, problem: Problem) 
     # Layers per chunk in chunk order (virtual stage v of stage s is chunk v·pp + s).
     layers = [base + int(o) for o in flat] if any(flat) else [base] * chunks
     if any(flat):
-        result.notes.append(split_note(where, "offset", layers))
+        result.split = tuple(layers)
     recompute = _recompute(config.get("recompute_config") or {}, where, result, layers, pp)
     if recompute is not None:
         degrees["recompute"] = recompute

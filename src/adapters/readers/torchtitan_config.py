@@ -19,7 +19,6 @@ from .launch import (
     check_sequence,
     per_layer_note,
     positive,
-    split_note,
 )
 
 SCHEDULES = {
@@ -78,8 +77,7 @@ def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -
                 )
             degrees["vpp"] = 1 if schedule == "DualPipeV" else len(parts) // pp
             counts = [sum(1 for m in part if str(m).startswith("layers.")) for part in parts]
-            if len(set(counts)) > 1:
-                result.notes.append(split_note(where, "module_fqns_per_model_part", counts))
+            result.split = tuple(counts)
         elif schedule in SINGLE_STAGE:
             degrees["vpp"] = 1
         else:
