@@ -77,6 +77,24 @@ LayoutPricer = Callable[[Layout, Sequence[str]], Plan]
 """Prices a layout with a recompute option per decoder layer (``Planner.estimate_per_layer``)."""
 
 
+def render(exporter: Exporter, plan: Plan, ctx: PricingContext, price: LayoutPricer) -> Exported:
+    """The exporter's config of ``plan``; a third-party exporter's fault is a plugin error
+    naming it (exit 4)."""
+    try:
+        exported = exporter.render(plan, ctx, price=lambda options: price(plan.layout, options))
+    except NdplanError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"export format '{exporter.name}' failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(exported, Exported):
+        raise PluginError(
+            f"export format '{exporter.name}' returned a {type(exported).__name__}, not Exported"
+        )
+    return exported
+
+
 def write_export(
     exporter: Exporter,
     plan: Plan,
@@ -88,20 +106,39 @@ def write_export(
     """Render and write atomically (``out`` was checked up front), then say on stderr what
     was written and every caveat. The exporter may price the plan's layout with another
     recompute per layer, to write the fastest setting its framework states."""
-    try:
-        exported = exporter.render(plan, ctx, price=lambda options: price(plan.layout, options))
-    except NdplanError:
-        raise
-    except Exception as exc:  # a third-party exporter's bug: name it, exit 4
-        raise PluginError(
-            f"export format '{exporter.name}' failed: {type(exc).__name__}: {exc}"
-        ) from None
-    if not isinstance(exported, Exported):
-        raise PluginError(
-            f"export format '{exporter.name}' returned a {type(exported).__name__}, not Exported"
-        )
+    exported = render(exporter, plan, ctx, price)
     write_atomic(out, exported.text, force=True)
     for caveat in exported.caveats:
         note(f"warning: {caveat}", warning=True)
     which = f"plan {rank}" if rank is not None else "the plan"
     note(f"wrote {which} as {exporter.name} to {out}")
+
+
+def stand_in_line(
+    components: Components, plan: Plan, ctx: PricingContext, price: LayoutPricer
+) -> str | None:
+    """Under a plan's report: where its framework's config cannot state the plan's
+    per-layer recompute, what the fastest setting it states costs (the exporter of the
+    framework decides, as ``--export`` would write it); None where it states it exactly."""
+    registry = components.exporters
+    framework = ctx.framework.name
+    found = [name for name in registry if registry.get(name).framework == framework]
+    if not found or plan.time is None:
+        return None
+    exporter = registry.get(framework if framework in found else found[0])
+    written = render(exporter, plan, ctx, price).stand_in
+    if written is None or written.plan.time is None:
+        return None
+    step, planned = written.plan.time.step_s, plan.time.step_s
+    fits = written.plan.memory.fits
+    return (
+        f"{framework}'s config cannot state this plan's per-layer recompute: "
+        + (
+            f"the fastest setting it states that fits, {written.description}, runs "
+            if fits
+            else f"no setting it states fits; {written.description} runs "
+        )
+        + f"{step:.3f} s per step ({100 * (step / planned - 1):+.1f} %) — --export "
+        f"{exporter.name} writes it; --recompute none, selective or full ranks only plans "
+        f"{framework} runs as priced"
+    )

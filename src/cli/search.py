@@ -7,7 +7,7 @@ import csv
 import io
 import math
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,7 +37,7 @@ from ndplan.core.errors import (
     field_error,
 )
 from ndplan.core.frameworks import FrameworkTraits
-from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label, parse_layout_label
+from ndplan.core.layout import DIMENSIONS, Layout, SearchSpace, layout_label, parse_layout_label
 from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.ports import DebugSink
 from ndplan.core.search import FIELDS, RECOMPUTES, SCHEDULES, SearchOutcome
@@ -77,7 +77,7 @@ from .common import (
     read_yaml,
 )
 from .executors import PER_CANDIDATE_VERBOSITY, ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
-from .export import ExportOpt, OutOpt, check_out, exporter_for, write_export
+from .export import ExportOpt, OutOpt, check_out, exporter_for, stand_in_line, write_export
 from .options import DeviceFiles, Json, Strict, state
 from .output import (
     check_output_file,
@@ -831,6 +831,10 @@ def search_cmd(
             except BaselineError as exc:  # named as the user gave it
                 raise InvalidInputError(f"--baseline: {exc.detail}") from None
         keep_records()  # before anything is written or printed
+
+        def price_per_layer(layout: Layout, recompute: Sequence[str]) -> Plan:
+            return planner.estimate_per_layer(pctx, layout, recompute, options)
+
         result = outcome.result
         if rebalance:
             result = planner.rebalance(pctx, result, options)
@@ -848,7 +852,7 @@ def search_cmd(
                 pctx,
                 out,
                 rank=explain,
-                price=lambda lay, rec: planner.estimate_per_layer(pctx, lay, rec, options),
+                price=price_per_layer,
             )
         if as_json:
             print_json(result_json(result))
@@ -874,6 +878,9 @@ def search_cmd(
             title = "best plan:" if explain == 1 else f"plan {explain}:"
             stdout.print(Text(title, style="bold"))
             stdout.print(plan_report(pctx, chosen, flags=True), crop=False)
+            written = stand_in_line(planner.components, chosen, pctx, price_per_layer)
+            if written:
+                stdout.print(Text(written))
         for warning in (
             split_warning(baseline, stated_split, result) if baseline else None,
             never_tried_warning(result, pctx.cluster.num_devices, pctx.job.global_batch_size),

@@ -193,6 +193,16 @@ order (``none``, ``full``, ``offload`` or switches such as ``norm+mlp``):
 
 
 @dataclass(frozen=True, slots=True)
+class StandIn:
+    """What a config runs in place of a per-layer recompute its framework cannot state."""
+
+    description: str
+    """The setting written, in words (``full recompute of the first 2 layers of each chunk``)."""
+    plan: Plan
+    """The plan's layout priced with that setting."""
+
+
+@dataclass(frozen=True, slots=True)
 class Exported:
     """A plan written in a framework's terms."""
 
@@ -202,6 +212,9 @@ class Exported:
     """One line each: where the framework cannot run the plan exactly as it was priced
     (a per-layer recompute choice it has no switch for, a degree it takes from the model
     code) and what the text does instead. The caller shows them to the user."""
+    stand_in: StandIn | None = None
+    """Where the framework cannot state the plan's per-layer recompute and the setting
+    written was priced: that setting and its price."""
 
 
 @runtime_checkable

@@ -14,6 +14,7 @@ and balance: the chosen plan written as its framework's config.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -268,3 +269,40 @@ def test_an_uneven_split_reads_back_as_the_same_plan(capsys, tmp_path: Path) -> 
     assert baseline["rank"] == 1 and baseline["gap"] == 0.0
     assert baseline["plan"]["layout"] == best["layout"]
     assert "layers per chunk" not in err
+
+
+@pytest.mark.parametrize(
+    ("framework", "recompute", "said"),
+    [("megatron", None, True), ("torchtitan", None, True), ("megatron", "selective", False),
+     ("mindformers", None, False)],
+)  # fmt: skip
+def test_the_report_says_what_a_per_layer_choice_costs_in_the_framework(
+    capsys, tmp_path: Path, framework: str, recompute: str | None, said: bool
+) -> None:
+    """Under the best plan: where its framework's config cannot state its per-layer
+    recompute (Megatron, torchtitan), the fastest setting it states and its price, the
+    same as --export writes; nothing where the plan's recompute is stated exactly (a fixed
+    policy; MindFormers' per-stage counts). --json is unchanged."""
+    flags = (*TIGHT, "--framework", framework, *(("--recompute", recompute) if recompute else ()))
+    code, out, err = invoke(capsys, "search", *flags, "-t", "3")
+    assert code == 0, err
+    text = " ".join(out.split())  # the line may wrap at the terminal's width
+    head = f"{framework}'s config cannot state this plan's per-layer recompute: "
+    assert (head in text) == said
+    code, json_out, err = invoke(capsys, "search", *flags, "-t", "3", "--json")
+    assert code == 0 and "cannot state" not in json_out
+    if not said:
+        return
+    target = tmp_path / "plan.out"
+    code, _, err = invoke(
+        capsys, "search", *flags, "-t", "3", "--export", framework, "--out", str(target)
+    )
+    assert code == 0, err
+    written = re.search(r"written as (.+?), the fastest setting it states that fits by ndplan's "
+                        r"estimate: ([\d.]+) s per step", err)  # fmt: skip
+    assert written is not None, err
+    described, seconds = written.groups()
+    assert (
+        f"the fastest setting it states that fits, {described}, runs {seconds} s per step" in text
+    )
+    assert float(seconds) > json.loads(json_out)["plans"][0]["time"]["step_s"]

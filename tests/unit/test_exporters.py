@@ -152,7 +152,8 @@ def chunk(options: str, index: int = 0) -> Chunk:
 def test_megatron_recompute_without_a_pricer_saves_at_least_the_planned_memory(
     parts, exact: bool
 ) -> None:
-    args, caveats = recompute_args(parts, plan=None, selective=frozenset({"core_attn"}))
+    args, caveats, priced = recompute_args(parts, plan=None, selective=frozenset({"core_attn"}))
+    assert priced is None  # nothing to price it with
     assert (caveats == []) == exact
     if args[1] == "full":  # whole layers: the first N of each chunk
         n = int(args[args.index("--recompute-num-layers") + 1])
@@ -186,7 +187,8 @@ def test_megatron_recompute_without_a_pricer_saves_at_least_the_planned_memory(
     ],
 )
 def test_torchtitan_checkpointing(parts, settings, exact: bool) -> None:
-    written, caveats = checkpoint_settings(parts, plan=None)
+    written, caveats, priced = checkpoint_settings(parts, plan=None)
+    assert priced is None
     assert written == settings
     assert (caveats == []) == exact
 
@@ -324,6 +326,8 @@ def test_a_per_layer_choice_is_written_as_the_fastest_setting_that_fits(
     (caveat,) = [c for c in made.caveats if "per layer" in c]
     assert f"written as {best.description}, the fastest setting it states that fits" in caveat
     assert f"{step:.3f} s per step" in caveat
+    assert made.stand_in is not None and made.stand_in.description == best.description
+    assert made.stand_in.plan.time.step_s == step
     if framework == "megatron":
         assert "  " + shlex.join(best.settings) in made.text.splitlines() or best.settings == []
     else:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ndplan.core.context import PricingContext, chunk_stage, layer_counts
 from ndplan.core.plan import Plan
-from ndplan.core.ports import PerLayerPricer
+from ndplan.core.ports import PerLayerPricer, StandIn
 from ndplan.core.recompute import FULL, NONE
 
 OFFLOAD = "offload"
@@ -131,11 +131,11 @@ def stand_in(
     candidates: list[Setting],
     safe: Setting,
     price: PerLayerPricer | None,
-) -> tuple[Setting, str]:
-    """The setting to write for a per-layer choice the framework cannot state, and the
-    caveat saying so. With ``price``, the fastest of ``candidates`` that fits, and what it
-    costs; else (or when none fits) ``safe``, which saves at least the planned memory on
-    every layer."""
+) -> tuple[Setting, str, StandIn | None]:
+    """The setting to write for a per-layer choice the framework cannot state, the caveat
+    saying so, and the setting priced. With ``price``, the fastest of ``candidates`` that
+    fits, and what it costs; else (or when none fits) ``safe``, which saves at least the
+    planned memory on every layer."""
     head = (
         f"{framework}: the plan recomputes per layer ({assignment_text(parts)}), which "
         f"{what} cannot state"
@@ -146,17 +146,25 @@ def stand_in(
     )
     found = fastest_fitting(candidates, price) if price is not None else None
     if found is None:
-        cost = ""
-        if price is not None:
-            cost = ", " + _cost(plan, price(safe.options)) + " (no setting it states fits)"
-        return safe, (
-            f"{head}; written as {safe.description}: no more memory than planned on any "
-            f"layer{cost}{tail}"
+        if price is None:
+            return safe, f"{head}; written as {safe.description}: no more memory than planned on any layer{tail}", None  # fmt: skip
+        priced = price(safe.options)
+        return (
+            safe,
+            (
+                f"{head}; written as {safe.description}: no more memory than planned on any "
+                f"layer, {_cost(plan, priced)} (no setting it states fits){tail}"
+            ),
+            StandIn(safe.description, priced),
         )
     setting, priced = found
-    return setting, (
-        f"{head}; written as {setting.description}, the fastest setting it states that fits "
-        f"by ndplan's estimate: {_cost(plan, priced)}{tail}"
+    return (
+        setting,
+        (
+            f"{head}; written as {setting.description}, the fastest setting it states that fits "
+            f"by ndplan's estimate: {_cost(plan, priced)}{tail}"
+        ),
+        StandIn(setting.description, priced),
     )
 
 

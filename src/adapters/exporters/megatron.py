@@ -15,7 +15,7 @@ from ndplan.core.layout import Layout
 from ndplan.core.memory import fp8_primary_weights
 from ndplan.core.model import ModelSpec
 from ndplan.core.plan import Plan
-from ndplan.core.ports import Exported, PerLayerPricer
+from ndplan.core.ports import Exported, PerLayerPricer, StandIn
 from ndplan.core.recompute import FULL, NONE
 
 from .common import (
@@ -177,13 +177,13 @@ def recompute_args(
     plan: Plan,
     selective: frozenset[str],
     price: PerLayerPricer | None = None,
-) -> tuple[list[str], list[str]]:
-    """Megatron's recompute arguments for the plan, and a caveat where they cannot state
-    its per-layer choice (``stand_in``)."""
+) -> tuple[list[str], list[str], StandIn | None]:
+    """Megatron's recompute arguments for the plan, a caveat where they cannot state its
+    per-layer choice, and the setting written priced (``stand_in``)."""
     exact = exact_args(parts)
     if exact is not None:
-        return exact, []
-    setting, caveat = stand_in(
+        return exact, [], None
+    setting, caveat, priced = stand_in(
         "megatron",
         "Megatron's arguments",
         parts,
@@ -192,7 +192,7 @@ def recompute_args(
         memory_safe(parts),
         price,
     )
-    return list(setting.settings), [caveat]
+    return list(setting.settings), [caveat], priced
 
 
 class MegatronExporter:
@@ -266,7 +266,7 @@ class MegatronExporter:
         if ctx.deferred_head_wgrads(lay):
             args.append(["--defer-embedding-wgrad-compute", "--wgrad-deferral-limit", str(job.wgrad_deferral_limit)])  # fmt: skip
         parts = chunks(plan, ctx)
-        recompute, inexact = recompute_args(parts, plan, ctx.framework.selective, price)
+        recompute, inexact, priced = recompute_args(parts, plan, ctx.framework.selective, price)
         if recompute:
             args.append(recompute)
         caveats += inexact
@@ -276,4 +276,8 @@ class MegatronExporter:
             f'# use: source this file; torchrun ... pretrain_gpt.py <model arguments> "${{{ARRAY}[@]}}"'
         )
         body = "\n".join("  " + shlex.join(group) for group in args)
-        return Exported(text="\n".join(head) + f"\n{ARRAY}=(\n{body}\n)\n", caveats=tuple(caveats))
+        return Exported(
+            text="\n".join(head) + f"\n{ARRAY}=(\n{body}\n)\n",
+            caveats=tuple(caveats),
+            stand_in=priced,
+        )

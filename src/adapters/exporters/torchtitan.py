@@ -7,7 +7,7 @@ import json
 
 from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan
-from ndplan.core.ports import Exported, PerLayerPricer
+from ndplan.core.ports import Exported, PerLayerPricer, StandIn
 from ndplan.core.recompute import FULL, NONE
 
 from .common import Chunk, Setting, chunks, options_used, per_layer, stand_in, summary_lines
@@ -87,13 +87,13 @@ def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
 
 def checkpoint_settings(
     parts: tuple[Chunk, ...], plan: Plan, price: PerLayerPricer | None = None
-) -> tuple[dict[str, str], list[str]]:
-    """torchtitan's ``[activation_checkpoint]`` for the plan, and a caveat where it cannot
-    state its per-layer choice (``stand_in``)."""
+) -> tuple[dict[str, str], list[str], StandIn | None]:
+    """torchtitan's ``[activation_checkpoint]`` for the plan, a caveat where it cannot
+    state its per-layer choice, and the setting written priced (``stand_in``)."""
     exact = exact_checkpointing(parts)
     if exact is not None:
-        return exact, []
-    setting, caveat = stand_in(
+        return exact, [], None
+    setting, caveat, priced = stand_in(
         "torchtitan",
         "torchtitan's activation_checkpoint",
         parts,
@@ -102,7 +102,7 @@ def checkpoint_settings(
         memory_safe(parts),
         price,
     )
-    return dict(setting.settings), [caveat]
+    return dict(setting.settings), [caveat], priced
 
 
 def model_parts(parts: tuple[Chunk, ...]) -> list[list[str]]:
@@ -164,7 +164,7 @@ class TorchtitanExporter:
                 "memory as well as the optimizer state the plan offloads: less device "
                 "memory than planned, and slower"
             )
-        checkpoint, inexact = checkpoint_settings(parts, plan, price)
+        checkpoint, inexact, priced = checkpoint_settings(parts, plan, price)
         caveats += inexact
         sections: list[tuple[str, dict[str, object]]] = [
             ("parallelism", parallelism),
@@ -188,7 +188,9 @@ class TorchtitanExporter:
         if parallelism["enable_async_tensor_parallel"]:
             head.append("# async TP runs under torch.compile: keep [compile] enable = true")
         body = "\n\n".join(_section(name, values) for name, values in sections)
-        return Exported(text="\n".join(head) + "\n\n" + body + "\n", caveats=tuple(caveats))
+        return Exported(
+            text="\n".join(head) + "\n\n" + body + "\n", caveats=tuple(caveats), stand_in=priced
+        )
 
 
 def _section(name: str, values: dict[str, object]) -> str:
