@@ -37,10 +37,11 @@ def layout_line(plan: Plan) -> str:
     return " · ".join(parts)
 
 
-def estimate_flags(plan: Plan) -> str:
+def estimate_flags(plan: Plan, split: bool = True) -> str:
     """The plan's layout as ``ndplan estimate`` flags (``--tp 4 --pp 4 --vpp 4 …``): with
     the search's own flags they price this plan again, or balance it (``ndplan balance``).
-    An uneven split comes with its ``--layers-per-chunk``."""
+    An uneven split comes with its ``--layers-per-chunk`` (unless ``split`` is false: the
+    caller gives another)."""
     lay = plan.layout
     flags = [f"--tp {lay.tp}", f"--pp {lay.pp}"]
     if lay.vpp > 1:
@@ -59,7 +60,7 @@ def estimate_flags(plan: Plan) -> str:
     ]
     if lay.offload_optimizer:
         flags.append("--offload-optimizer")
-    if plan.uneven_split():
+    if split and plan.uneven_split():
         flags.append("--layers-per-chunk " + ",".join(str(n) for n in plan.chunk_layers()))
     return " ".join(flags)
 

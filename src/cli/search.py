@@ -1047,7 +1047,7 @@ def split_warning(text: str, split: tuple[int, ...] | None, result: SearchResult
     if split is None or placed is None or placed.chunk_layers() == split:
         return None
     counts = ",".join(map(str, split))
-    flags = estimate_flags(placed).split(" --layers-per-chunk")[0]
+    flags = estimate_flags(placed, split=False)
     return (
         f"warning: --baseline {text}: its layers per chunk ({counts}) are not a split the "
         f"search tries; ranked with the search's own "

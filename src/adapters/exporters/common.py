@@ -10,11 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ndplan.core.context import PricingContext, chunk_stage, layer_counts
+from ndplan.core.frameworks import OFFLOAD
 from ndplan.core.plan import Plan
 from ndplan.core.ports import PerLayerPricer, StandIn
 from ndplan.core.recompute import FULL, NONE
-
-OFFLOAD = "offload"
 
 
 @dataclass(frozen=True, slots=True)
