@@ -332,3 +332,31 @@ def test_a_per_layer_choice_is_written_as_the_fastest_setting_that_fits(
         assert "  " + shlex.join(best.settings) in made.text.splitlines() or best.settings == []
     else:
         assert tomllib.loads(made.text)["activation_checkpoint"] == best.settings
+
+
+@pytest.mark.parametrize("recompute", ["auto", "none", "selective", "full"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        Layout(tp=2, pp=2, dp=4, num_microbatches=16, zero=1, sp=True),
+        Layout(tp=1, pp=4, vpp=2, dp=4, num_microbatches=16, zero=1, schedule="interleaved"),
+    ],
+    ids=["tp2pp2", "pp4x2"],
+)
+def test_pricing_per_layer_reproduces_the_plans_own_choice(
+    planner: Planner, layout: Layout, recompute: str
+) -> None:
+    """Planner.estimate_per_layer, given the options a plan runs on each layer, prices that
+    plan again: memory to the byte, time to rounding (a fixed policy sums its layers in
+    another grouping). The stand-ins an exporter compares are priced on the same footing."""
+    options = PricingOptions(max_mem_gib=40)
+    ctx = planner.context(
+        planner.model("llama-3-8b"), planner.device("h100"), 16,
+        Job(global_batch_size=64, seq_length=8192), options=options,
+    )  # fmt: skip
+    plan = planner.estimate(ctx, layout.model_copy(update={"recompute": recompute}), options)
+    per_layer = [o for c in chunks(plan, ctx) for o in c.options]
+    again = planner.estimate_per_layer(ctx, plan.layout, per_layer, options)
+    assert again.time.step_s == pytest.approx(plan.time.step_s, rel=1e-12)
+    assert again.memory.peak_bytes == plan.memory.peak_bytes
+    assert again.memory.peak_stage == plan.memory.peak_stage
