@@ -16,7 +16,7 @@ from ndplan.core.layout import Layout
 from ndplan.core.plan import BalanceResult, MemoryMode, Plan
 from ndplan.core.ports import Exporter
 from ndplan.core.search import RECOMPUTES, SCHEDULES
-from ndplan.planner import Planner, PricingOptions
+from ndplan.planner import PricingOptions
 
 from .common import (
     A2A_OVERLAP_IDLE,
@@ -50,7 +50,15 @@ from .common import (
     build_context,
     check_choice,
 )
-from .export import ExportOpt, OutOpt, check_out, exporter_for, write_export
+from .export import (
+    ExportOpt,
+    LayoutPricer,
+    OutOpt,
+    check_out,
+    exporter_for,
+    layout_pricer,
+    write_export,
+)
 from .options import DeviceFiles, Json, Strict, state
 from .output import note, print_json, stdout
 from .render import plan_report, unfilled_pipeline_warning
@@ -339,7 +347,7 @@ def _layout_command(
             )
         result = planner.balance(pctx, layout, options)
         plan = result.balanced
-        _export(exporter, plan, pctx, out, planner, options)
+        _export(exporter, plan, pctx, out, layout_pricer(planner, pctx, options))
         if as_json:
             print_json(result)
         else:
@@ -347,7 +355,7 @@ def _layout_command(
             stdout.print(Text(balance_line(result, given=layers_per_chunk is not None)))
     else:
         plan = planner.estimate(pctx, layout, options)
-        _export(exporter, plan, pctx, out, planner, options)
+        _export(exporter, plan, pctx, out, layout_pricer(planner, pctx, options))
         if as_json:
             print_json(plan)
         else:
@@ -365,8 +373,7 @@ def _export(
     plan: Plan,
     pctx: PricingContext,
     out: Path | None,
-    planner: Planner,
-    options: PricingOptions,
+    price: LayoutPricer,
 ) -> None:
     """Before anything is printed: a plan that does not fit is not written (exit 1)."""
     if exporter is None or out is None:
@@ -379,7 +386,7 @@ def _export(
         pctx,
         out,
         rank=None,
-        price=lambda lay, rec: planner.estimate_per_layer(pctx, lay, rec, options),
+        price=price,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
@@ -14,6 +15,7 @@ from ndplan.core.errors import InvalidInputError, NdplanError, PluginError
 from ndplan.core.layout import Layout
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, Exporter
+from ndplan.planner import Planner, PricingOptions
 
 from .output import check_output_file, note, write_atomic
 
@@ -77,6 +79,17 @@ LayoutPricer = Callable[[Layout, Sequence[str]], Plan]
 """Prices a layout with a recompute option per decoder layer (``Planner.estimate_per_layer``)."""
 
 
+def layout_pricer(planner: Planner, ctx: PricingContext, options: PricingOptions) -> LayoutPricer:
+    """``Planner.estimate_per_layer`` in ``ctx``, each pricing kept: the export and the
+    report's line price the same stand-ins of the same plan."""
+
+    @functools.cache
+    def priced(layout: Layout, recompute: tuple[str, ...]) -> Plan:
+        return planner.estimate_per_layer(ctx, layout, recompute, options)
+
+    return lambda layout, recompute: priced(layout, tuple(recompute))
+
+
 def render(exporter: Exporter, plan: Plan, ctx: PricingContext, price: LayoutPricer) -> Exported:
     """The exporter's config of ``plan``; a third-party exporter's fault is a plugin error
     naming it (exit 4)."""
@@ -120,12 +133,17 @@ def stand_in_line(
     """Under a plan's report: where its framework's config cannot state the plan's
     per-layer recompute, what the fastest setting it states costs (the exporter of the
     framework decides, as ``--export`` would write it); None where it states it exactly."""
-    registry = components.exporters
     framework = ctx.framework.name
-    found = [name for name in registry if registry.get(name).framework == framework]
-    if not found or plan.time is None:
+    exporter = next(
+        (
+            e
+            for e in map(components.exporters.get, components.exporters)
+            if e.framework == framework
+        ),
+        None,
+    )
+    if exporter is None or plan.time is None:
         return None
-    exporter = registry.get(framework if framework in found else found[0])
     written = render(exporter, plan, ctx, price).stand_in
     if written is None or written.plan.time is None:
         return None

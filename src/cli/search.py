@@ -7,7 +7,7 @@ import csv
 import io
 import math
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -26,7 +26,7 @@ from ndplan.adapters.readers.megatron_args import (
 )
 from ndplan.adapters.readers.mindformers_config import is_mindformers, mindformers_layout
 from ndplan.adapters.readers.torchtitan_config import torchtitan_layout
-from ndplan.adapters.yamlfile import read_text_file
+from ndplan.adapters.yamlfile import parse_yaml, read_text_file
 from ndplan.bootstrap import create
 from ndplan.core.context import PricingContext
 from ndplan.core.errors import (
@@ -37,7 +37,7 @@ from ndplan.core.errors import (
     field_error,
 )
 from ndplan.core.frameworks import FrameworkTraits
-from ndplan.core.layout import DIMENSIONS, Layout, SearchSpace, layout_label, parse_layout_label
+from ndplan.core.layout import DIMENSIONS, SearchSpace, layout_label, parse_layout_label
 from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.ports import DebugSink
 from ndplan.core.search import FIELDS, RECOMPUTES, SCHEDULES, SearchOutcome
@@ -77,7 +77,15 @@ from .common import (
     read_yaml,
 )
 from .executors import PER_CANDIDATE_VERBOSITY, ExecutorOpt, JobsOpt, RayAddressOpt, open_executor
-from .export import ExportOpt, OutOpt, check_out, exporter_for, stand_in_line, write_export
+from .export import (
+    ExportOpt,
+    OutOpt,
+    check_out,
+    exporter_for,
+    layout_pricer,
+    stand_in_line,
+    write_export,
+)
 from .options import DeviceFiles, Json, Strict, state
 from .output import (
     check_output_file,
@@ -832,8 +840,7 @@ def search_cmd(
                 raise InvalidInputError(f"--baseline: {exc.detail}") from None
         keep_records()  # before anything is written or printed
 
-        def price_per_layer(layout: Layout, recompute: Sequence[str]) -> Plan:
-            return planner.estimate_per_layer(pctx, layout, recompute, options)
+        price_per_layer = layout_pricer(planner, pctx, options)
 
         result = outcome.result
         if rebalance:
@@ -976,11 +983,15 @@ def baseline_values(
                 "prints a layout (tp4 pp8×5 dp2 mbs1 z1) or a YAML/JSON file"
             )
         where = f"--baseline {text}"
-        launch = launch_layout(path, where, ctx)
+        content = read_text_file(path, "baseline")  # read once, parsed once
+        suffix = path.suffix.lower()
+        script = suffix not in (".toml", *YAML_SUFFIXES) and looks_like_megatron_args(content)
+        parsed = None if script or suffix == ".toml" else parse_yaml(content, str(path))
+        launch = launch_layout(suffix, content, parsed, where, ctx)
         if launch is not None:
             data, split = launch.degrees, launch.split
         else:
-            data = read_yaml(path, "baseline")
+            data = parse_yaml(content, str(path)) if script else parsed
         if isinstance(data, dict) and isinstance(data.get("layout"), dict):
             data = data["layout"]  # one plan, as estimate --json prints it
         elif isinstance(data, dict) and "plans" in data:
@@ -1056,36 +1067,35 @@ def split_warning(text: str, split: tuple[int, ...] | None, result: SearchResult
     )
 
 
-def launch_layout(path: Path, where: str, ctx: PricingContext) -> LaunchLayout | None:
-    """The layout a framework's launch config states — Megatron-LM arguments (a script of
-    ``--flags``, or a JSON/YAML of its args), a torchtitan TOML, a MindFormers YAML —
-    with a note on what the ranking cannot reproduce; None for ndplan's own files."""
-    text = read_text_file(path, "baseline")
+YAML_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def launch_layout(
+    suffix: str, text: str, parsed: Any, where: str, ctx: PricingContext
+) -> LaunchLayout | None:
+    """The layout a framework's launch config states — a torchtitan TOML, a MindFormers
+    YAML, Megatron-LM arguments (a JSON/YAML of its args, ``parsed``, or a script of
+    ``--flags``, ``text``) — with a note on what the ranking cannot reproduce; None for
+    ndplan's own files."""
     problem = Problem(
         num_layers=ctx.model.num_layers,
         is_moe=ctx.model.is_moe,
         global_batch=ctx.job.global_batch_size,
         seq_length=ctx.job.seq_length,
     )
-    if path.suffix.lower() == ".toml":
+    if suffix == ".toml":
         try:
             config = tomllib.loads(text)
         except tomllib.TOMLDecodeError as exc:
             raise InvalidInputError(f"{where}: not TOML ({exc})") from None
         read = torchtitan_layout(config, where, problem)
-    elif path.suffix.lower() in (".json", ".yaml", ".yml"):
-        data = read_yaml(path, "baseline")
-        if is_mindformers(data):
-            read = mindformers_layout(data, where, problem)
-        elif isinstance(data, dict) and looks_like_megatron_args(text):
-            found = parse_arguments(arguments_from_mapping(data), where)
-            if not found:
-                return None
-            read = megatron_layout(found, where, problem)
-        else:
-            return None
+    elif suffix in YAML_SUFFIXES and is_mindformers(parsed):
+        read = mindformers_layout(parsed, where, problem)
+    elif parsed is not None and not (suffix in YAML_SUFFIXES and isinstance(parsed, dict)):
+        return None  # ndplan's own degrees, or not a mapping at all
     elif looks_like_megatron_args(text):
-        found = parse_arguments(tokens_of(text, where), where)
+        words = arguments_from_mapping(parsed) if parsed is not None else tokens_of(text, where)
+        found = parse_arguments(words, where)
         if not found:
             return None
         read = megatron_layout(found, where, problem)

@@ -135,7 +135,7 @@ def test_megatron_moe_and_fp8_arguments(planner: Planner, tmp_path) -> None:
 
 
 def chunk(options: str, index: int = 0) -> Chunk:
-    return Chunk(index, index, 0, tuple(options.split()))
+    return Chunk(index, 0, tuple(options.split()))
 
 
 @pytest.mark.parametrize(

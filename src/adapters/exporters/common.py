@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ndplan.core.context import PricingContext, chunk_stage, layer_counts
+from ndplan.core.context import PricingContext, layer_counts
 from ndplan.core.frameworks import OFFLOAD
 from ndplan.core.plan import Plan
 from ndplan.core.ports import PerLayerPricer, StandIn
@@ -21,7 +21,6 @@ class Chunk:
     """One pipeline chunk (a virtual stage on one pipeline rank) in chunk order."""
 
     index: int
-    stage: int
     start: int
     """Its first decoder layer."""
     options: tuple[str, ...]
@@ -45,7 +44,7 @@ def chunks(plan: Plan, ctx: PricingContext) -> tuple[Chunk, ...]:
     out, start = [], 0
     for i, n in enumerate(layer_counts(ctx.model, layout)):
         options = tuple(option_of.get(layer, NONE) for layer in range(start, start + n))
-        out.append(Chunk(i, chunk_stage(layout, i), start, options))
+        out.append(Chunk(i, start, options))
         start += n
     return tuple(out)
 

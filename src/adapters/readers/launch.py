@@ -48,19 +48,20 @@ def positive(value: object, name: str, where: str) -> int:
     return int(text)
 
 
-def check_batch(where: str, name: str, stated: int, problem: Problem, fix: str = "--gbs") -> None:
-    if stated != problem.global_batch:
-        raise InvalidInputError(
-            f"{where}: {name} {stated} differs from the search's {fix} {problem.global_batch}; "
-            f"search with {fix} {stated} or place another layout"
-        )
+def check_batch(where: str, name: str, stated: int, problem: Problem) -> None:
+    _check_matches(where, name, stated, problem.global_batch, "--gbs")
 
 
 def check_sequence(where: str, name: str, stated: int, problem: Problem) -> None:
-    if stated != problem.seq_length:
+    _check_matches(where, name, stated, problem.seq_length, "--seq-len")
+
+
+def _check_matches(where: str, name: str, stated: int, searched: int, flag: str) -> None:
+    """A config is placed in this search only: its batch and sequence must be the search's."""
+    if stated != searched:
         raise InvalidInputError(
-            f"{where}: {name} {stated} differs from the search's --seq-len {problem.seq_length}; "
-            f"search with --seq-len {stated} or place another layout"
+            f"{where}: {name} {stated} differs from the search's {flag} {searched}; "
+            f"search with {flag} {stated} or place another layout"
         )
 
 
