@@ -203,7 +203,10 @@ def _layout_command(
         typer.Option(
             "--recompute",
             help="none, selective (Megatron: core attention; torchtitan: its per-op "
-            "policy), full, or auto (per-layer knapsack).",
+            "policy), full, auto (per-layer knapsack), or stated (the fastest setting "
+            "that fits among those the framework's config states: Megatron's modules on "
+            "every layer or the first N of each chunk whole, torchtitan's per-op policy or "
+            "one layer in every N).",
         ),
     ] = "none",
     offload_optimizer: Annotated[

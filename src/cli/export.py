@@ -157,6 +157,6 @@ def stand_in_line(
             else f"no setting it states fits; {written.description} runs "
         )
         + f"{step:.3f} s per step ({100 * (step / planned - 1):+.1f} %) — --export "
-        f"{exporter.name} writes it; --recompute none, selective or full ranks only plans "
-        f"{framework} runs as priced"
+        f"{exporter.name} writes it; --recompute stated ranks only plans {framework} runs "
+        "as priced"
     )

@@ -538,7 +538,9 @@ def search_cmd(
         str | None,
         typer.Option(
             "--recompute",
-            help="Fix the recompute policy (none, selective, full, auto).",
+            help="Fix the recompute policy (none, selective, full, auto; or stated: per "
+            "layout, the fastest setting the framework's config states, so the plan runs "
+            "as priced).",
             show_default=False,
         ),
     ] = None,

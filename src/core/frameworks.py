@@ -17,6 +17,11 @@ OFFLOAD = "offload"
 its forward and come back before its backward (Megatron's --cpu-offloading)."""
 
 
+STATED_PER_STAGE = "per_stage"
+STATED_FIRST_IN_CHUNK = "first_in_chunk"
+STATED_EVERY_NTH = "every_nth"
+
+
 def offloads(recompute: frozenset[str] | None) -> bool:
     """Whether a recompute option is activation offload (full recompute is ``None``)."""
     return recompute is not None and OFFLOAD in recompute
@@ -100,6 +105,14 @@ class FrameworkTraits:
     max_zero_with_pipeline: int = 3
     """The highest ZeRO stage it runs beside pipeline stages (DeepSpeed's pipeline engine
     asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)."""
+    stated_recompute: str = STATED_PER_STAGE
+    """How its config states recompute, which ``--recompute stated`` keeps to:
+    ``STATED_PER_STAGE``, counts of layers per stage (or chunk) that recompute whole or
+    run its selective recompute; ``STATED_FIRST_IN_CHUNK``, one option on every layer or
+    the first N layers of each chunk whole or offloaded (Megatron's --recompute-modules,
+    --recompute-method block, --cpu-offloading-num-layers); ``STATED_EVERY_NTH``, one
+    option on every layer or one layer in every N whole (torchtitan's
+    activation_checkpoint)."""
 
     @property
     def dense_activation_switches(self) -> tuple[str, ...]:
@@ -199,6 +212,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         paired_a2a_overlap=True,
         fused_grouped_mlp=True,
         deferred_embedding_wgrad=True,
+        stated_recompute=STATED_FIRST_IN_CHUNK,
     ),
     "torchtitan": FrameworkTraits(
         name="torchtitan",
@@ -222,6 +236,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         activation_offload=False,
         deduplicated_dispatch=True,
         sequence_parallel=(True,),
+        stated_recompute=STATED_EVERY_NTH,
     ),
     "mindformers": FrameworkTraits(
         name="mindformers",

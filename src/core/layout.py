@@ -12,7 +12,9 @@ from .base import Degree, Frozen, NonNegativeInt, PositiveInt
 from .errors import InvalidInputError
 
 Schedule = Literal["1f1b", "interleaved", "gpipe", "dualpipev"]
-RecomputePolicy = Literal["none", "selective", "full", "auto"]
+RecomputePolicy = Literal["none", "selective", "full", "auto", "stated"]
+"""``auto``: each layer's option chosen by the per-stage knapsack; ``stated``: the fastest
+setting that fits among those the framework's config states (core.recompute)."""
 DIMENSIONS = ("DP", "TP", "PP", "CP", "EP", "VPP", "MBS", "ZERO", "SP", "RECOMPUTE", "OFFLOAD")
 
 
@@ -244,7 +246,7 @@ def selective_not_offered(framework: str) -> str:
     nothing while claiming to."""
     return (
         f"recompute 'selective' is not offered by {framework} (it recomputes whole layers "
-        "or nothing); use full, none or auto"
+        "or nothing); use full, none, auto or stated"
     )
 
 

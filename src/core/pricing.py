@@ -11,8 +11,9 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .context import PricingContext, StagePlacement, layer_key, placement_key
+from .context import PricingContext, StagePlacement, layer_counts, layer_key, placement_key
 from .counting import count_flops, model_flops_per_step
+from .frameworks import STATED_PER_STAGE
 from .kernels.knapsack import LayerGroup, StageChoice
 from .layout import Layout
 from .memory import charged_static, keeps_all, stage_memory
@@ -25,6 +26,8 @@ from .recompute import (
     kind_options,
     option_name,
     parse_option,
+    stated_settings,
+    stated_stage_options,
 )
 
 Assignment = tuple[tuple[int, int, int, Recompute], ...]
@@ -56,6 +59,10 @@ class PricedLayout:
     peak_stage: int
     fits: bool
     static_totals: tuple[int, ...] = ()
+    layer_options: tuple[Recompute, ...] | None = None
+    """Each decoder layer's option where it was given per layer (a stated setting, an
+    exported config's): the assignment counts options per group, not which layer runs
+    which, and a config states positions (the first N layers of each chunk)."""
 
     @property
     def totals(self) -> tuple[int, ...]:
@@ -339,9 +346,15 @@ class Pricer:
         ctx = self.ctx
         stages = ctx.placement(layout)
         static_totals = self._static_totals(layout, stages)
+        if layout.recompute == "stated" and ctx.framework.stated_recompute != STATED_PER_STAGE:
+            return self._price_stated(layout, stages, static_totals)
         if layout.recompute == "auto":
             assignment = self.auto_assignment(layout, static_totals)
             lightest: Recompute = None  # nothing fits: priced fully recomputed
+        elif layout.recompute == "stated":
+            # Counts per stage: the knapsack among the options such a config names.
+            assignment = self.auto_assignment(layout, static_totals, stated_stage_options(ctx))
+            lightest = None
         elif layout.recompute == "none" and activation_offload_offered(ctx):
             # Megatron offloads layers beside a recompute setting (--cpu-offloading-num-
             # layers): with none, the layers that do not fit are offloaded, the rest kept.
@@ -384,16 +397,57 @@ class Pricer:
             raise ValueError(f"{len(options)} options for {model.num_layers} layers")
         stages = self.ctx.placement(layout)
         static_totals = self._static_totals(layout, stages)
-        assignment = []
+        assignment = self._layer_assignment(stages, options)
+        activations = tuple(self.activation_bytes(layout, a) for a in assignment)
+        priced = self._finish(layout, stages, static_totals, assignment, activations, True)
+        priced.layer_options = tuple(options)
+        return priced
+
+    def _layer_assignment(
+        self, stages: tuple[StagePlacement, ...], options: Sequence[Recompute]
+    ) -> tuple[Assignment, ...]:
+        """Per stage, the (kind, in-flight, count, option) groups of per-layer options."""
+        layers = self.ctx.model.layers
+        out = []
         for stage in stages:
             groups: dict[tuple[int, int, Recompute], int] = {}
             for chunk in stage.chunks:
                 for layer in range(chunk.start, chunk.stop):
-                    key = (model.layers[layer], chunk.in_flight, options[layer])
+                    key = (layers[layer], chunk.in_flight, options[layer])
                     groups[key] = groups.get(key, 0) + 1
-            assignment.append(tuple((kind, k, n, rec) for (kind, k, rec), n in groups.items()))
-        activations = tuple(self.activation_bytes(layout, a) for a in assignment)
-        return self._finish(layout, stages, static_totals, tuple(assignment), activations, True)
+            out.append(tuple((kind, k, n, rec) for (kind, k, rec), n in groups.items()))
+        return tuple(out)
+
+    def _price_stated(
+        self, layout: Layout, stages: tuple[StagePlacement, ...], static_totals: list[int]
+    ) -> PricedLayout:
+        """The fastest setting the framework's config states that fits (the first of
+        equals, in ``stated_settings`` order); where none fits, the lightest, priced as
+        such. Each setting's memory is checked before its time is priced."""
+        ctx = self.ctx
+        budget = ctx.budget_bytes
+        refetches = self._refetch_bytes(layout, stages)
+        sizes = layer_counts(ctx.model, layout)
+        best: PricedLayout | None = None
+        for setting in stated_settings(ctx, layout):
+            options = [parse_option(name) for name in setting.per_layer(sizes)]
+            assignment = self._layer_assignment(stages, options)
+            activations = tuple(self.activation_bytes(layout, a) for a in assignment)
+            if any(
+                static - (refetch if keeps_all(a) else 0) + act > budget
+                for static, refetch, a, act in zip(
+                    static_totals, refetches, assignment, activations, strict=True
+                )
+            ):
+                continue
+            priced = self._finish(layout, stages, static_totals, assignment, activations, True)
+            if best is None or priced.time.step_s < best.time.step_s:
+                priced.layer_options = tuple(options)
+                best = priced
+        if best is None:
+            lightest = OFFLOADED if activation_offload_offered(ctx) else None
+            return self._price_fixed(layout, stages, static_totals, lightest)
+        return best
 
     def _price_fixed(
         self,
@@ -619,6 +673,7 @@ class Pricer:
         """Per-layer options as ranges; within a group the more-recomputing options come first."""
         model = self.ctx.model
         ranges: list[RecomputeRange] = []
+        given = priced.layer_options
         for stage, assignment in zip(priced.stages, priced.assignment, strict=True):
             queues: dict[tuple[int, int], list[str]] = {}
             for kind, k, count, rec in assignment:
@@ -627,8 +682,11 @@ class Pricer:
             for chunk in stage.chunks:
                 for layer in range(chunk.start, chunk.stop):
                     kind = model.layers[layer]
-                    queue = queues.get((kind, chunk.in_flight)) or queues[(kind, 0)]
-                    option = queue.pop(0)
+                    if given is not None:
+                        option = option_name(given[layer])
+                    else:
+                        queue = queues.get((kind, chunk.in_flight)) or queues[(kind, 0)]
+                        option = queue.pop(0)
                     last = ranges[-1] if ranges else None
                     if (
                         last

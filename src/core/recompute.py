@@ -9,10 +9,18 @@ from one table of tensors and one table of ops per kind.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import combinations
 
-from .context import PricingContext
-from .frameworks import OFFLOAD, SWITCHES, offloads
+from .context import PricingContext, layer_counts
+from .frameworks import (
+    OFFLOAD,
+    STATED_EVERY_NTH,
+    STATED_FIRST_IN_CHUNK,
+    STATED_PER_STAGE,
+    SWITCHES,
+    offloads,
+)
 from .kernels.knapsack import LayerOption, pareto_front
 from .layout import Layout
 from .model import LatentAttention, LayerKind, MoEFFN
@@ -134,3 +142,62 @@ def kind_front(
         ]
         found = ctx.cache[key] = pareto_front(options, tuple(sorted(set(in_flights))))
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class StatedRecompute:
+    """One recompute setting a framework's config states for the whole model: an option
+    on every layer, on the first ``first`` layers of each chunk, or on one layer in every
+    ``every`` of each chunk (its first, then every ``every``-th); the rest keep everything."""
+
+    option: str
+    """The option's name (``full``, ``offload``, switches joined by ``+``, ``none``)."""
+    first: int = 0
+    every: int = 0
+
+    def per_layer(self, chunk_sizes: Sequence[int]) -> tuple[str, ...]:
+        """The option each decoder layer runs, in model order, for chunks of these sizes."""
+        out = []
+        for size in chunk_sizes:
+            for i in range(size):
+                if self.first:
+                    runs = i < self.first
+                elif self.every:
+                    runs = i % self.every == 0
+                else:
+                    runs = True
+                out.append(self.option if runs else NONE)
+        return tuple(out)
+
+
+def stated_stage_options(ctx: PricingContext) -> tuple[str, ...]:
+    """The options a per-stage config states (``STATED_PER_STAGE``): keep, the
+    framework's selective recompute, the whole layer."""
+    selective = ctx.framework.selective
+    return (NONE, *((option_name(selective),) if selective else ()), FULL)
+
+
+def stated_settings(ctx: PricingContext, layout: Layout) -> tuple[StatedRecompute, ...]:
+    """Every recompute setting the framework's config states for the whole model at this
+    layout (``STATED_FIRST_IN_CHUNK``, ``STATED_EVERY_NTH``), in a fixed order: none;
+    each combination of the switches it offers for any of the model's layer kinds on
+    every layer; every layer whole; then the first N of each chunk whole (and offloaded,
+    where offered), or one in every N whole."""
+    fw = ctx.framework
+    if fw.stated_recompute == STATED_PER_STAGE:
+        raise ValueError(f"{fw.name} states recompute per stage, not per model")
+    offered = {s for kind in ctx.model.kinds for s in applicable_switches(ctx, layout, kind)}
+    pool = [s for s in SWITCHES if s in offered]
+    out = [StatedRecompute(NONE)]
+    for size in range(1, len(pool) + 1):
+        out.extend(StatedRecompute("+".join(c)) for c in combinations(pool, size))
+    out.append(StatedRecompute(FULL))
+    longest = max(layer_counts(ctx.model, layout))
+    if fw.stated_recompute == STATED_FIRST_IN_CHUNK:
+        out.extend(StatedRecompute(FULL, first=n) for n in range(1, longest))
+        if activation_offload_offered(ctx):
+            out.extend(StatedRecompute(OFFLOAD, first=n) for n in range(1, longest))
+            out.append(StatedRecompute(OFFLOAD))
+    elif fw.stated_recompute == STATED_EVERY_NTH:
+        out.extend(StatedRecompute(FULL, every=n) for n in range(2, longest + 1))
+    return tuple(out)

@@ -60,7 +60,7 @@ from .units import GiB
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "dualpipev")
 SCHEDULE_CODES = {name: code for code, name in enumerate(SCHEDULES)}
-RECOMPUTES = ("none", "selective", "full", "auto")
+RECOMPUTES = ("none", "selective", "full", "auto", "stated")
 BATCH = 16
 """At most this many candidates priced per batch between bound checks (larger without
 bounding, where the batches cannot change what is priced). Small, because a search's top K
@@ -804,10 +804,13 @@ class SearchPricing:
             # priced below as stated, so its overflow (and the closest-miss line) matches
             # `ndplan estimate` of that layout (it reported a mix of the policy's static
             # memory and fully recomputed activations, i.e. no real layout's number).
-            if miss is not None and layout.recompute == "auto":
+            # A stated setting is one per-layer choice among those auto weighs, so auto's
+            # lightest layout and lower bound hold for it too.
+            chosen_per_layer = layout.recompute in ("auto", "stated")
+            if miss is not None and chosen_per_layer:
                 out.append(Screened(False, math.inf, miss.stage, miss.over_bytes))
                 continue
-            if layout.recompute == "auto":
+            if chosen_per_layer:
                 out.append(Screened(True, pricer.auto_lower_bound(layout), -1, 0))
                 continue
             priced = pricer.price(layout)
@@ -1292,9 +1295,10 @@ def _closest_message(ctx: PricingContext, closest: tuple[int, int, Candidate] | 
     # "even with full recompute" for a fixed policy that was priced as stated.
     keys = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "mbs", "zero")
     degrees = " ".join(f"{k} {d[k]}" for k in keys)
-    auto = d["recompute"] == "auto"
-    # auto, and none where offload is offered, were priced with every layer offloaded
-    offload = d["recompute"] in ("auto", "none") and activation_offload_offered(ctx)
+    auto = d["recompute"] in ("auto", "stated")
+    # auto and stated, and none where offload is offered, were priced with every layer
+    # offloaded
+    offload = d["recompute"] in ("auto", "stated", "none") and activation_offload_offered(ctx)
     lightest = "activations offloaded" if offload else "recompute full"
     extras = [f"sp {'on' if d['sp'] else 'off'}", d["schedule"]]
     if not auto:

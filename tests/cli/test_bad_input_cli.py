@@ -128,11 +128,11 @@ def test_estimate_says_when_tp_spans_beyond_the_scale_up_domain(capsys) -> None:
 @pytest.mark.parametrize(
     ("command", "flag", "choices"),
     [
-        ("estimate", "--recompute", "none, selective, full or auto"),
+        ("estimate", "--recompute", "none, selective, full, auto or stated"),
         ("estimate", "--schedule", "1f1b, interleaved, gpipe or dualpipev"),
         ("estimate", "--memory-mode", "ndplan or megatron"),
-        ("balance", "--recompute", "none, selective, full or auto"),
-        ("search", "--recompute", "none, selective, full or auto"),
+        ("balance", "--recompute", "none, selective, full, auto or stated"),
+        ("search", "--recompute", "none, selective, full, auto or stated"),
     ],
 )
 def test_a_named_choice_given_wrong_names_every_choice(capsys, command, flag, choices) -> None:

@@ -274,7 +274,8 @@ def test_an_uneven_split_reads_back_as_the_same_plan(capsys, tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("framework", "recompute", "said"),
     [("megatron", None, True), ("torchtitan", None, True), ("megatron", "selective", False),
-     ("mindformers", None, False)],
+     ("mindformers", None, False), ("megatron", "stated", False),
+     ("torchtitan", "stated", False)],
 )  # fmt: skip
 def test_the_report_says_what_a_per_layer_choice_costs_in_the_framework(
     capsys, tmp_path: Path, framework: str, recompute: str | None, said: bool
@@ -306,3 +307,11 @@ def test_the_report_says_what_a_per_layer_choice_costs_in_the_framework(
         f"the fastest setting it states that fits, {described}, runs {seconds} s per step" in text
     )
     assert float(seconds) > json.loads(json_out)["plans"][0]["time"]["step_s"]
+    assert f"--recompute stated ranks only plans {framework} runs as priced" in text
+    # Ranking what the framework states finds a plan at least as fast as that stand-in
+    # (which is one of the layouts it weighs), and it runs as priced.
+    code, stated_out, err = invoke(
+        capsys, "search", *flags, "--recompute", "stated", "-t", "3", "--json"
+    )
+    assert code == 0, err
+    assert json.loads(stated_out)["plans"][0]["time"]["step_s"] <= float(seconds)

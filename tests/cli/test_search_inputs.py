@@ -262,7 +262,7 @@ def test_a_fixed_etp_apart_from_tp_is_searched_as_estimate_prices_it(capsys) -> 
         # should be ...', pydantic's path into the list).
         (
             "recompute: [full, bogus]\n",
-            "recompute: 'bogus' unknown; use none, selective, full or auto",
+            "recompute: 'bogus' unknown; use none, selective, full, auto or stated",
         ),
         ("schedule: [1f1b, 2]\n", "schedule: 2 unknown; use 1f1b, interleaved, gpipe or dualpipev"),
     ],

@@ -221,8 +221,35 @@ CASES = {
         60,
         SearchSpace(recompute=("auto",), mbs=(1, 2), vpp=(1, 2), **FIXED),
     ),
+    # --recompute stated: the fastest setting the framework's config states, per layout
+    # (Megatron: modules on every layer or the first N layers of each chunk whole).
+    "dense-stated-tight": (
+        "llama-3-8b",
+        8,
+        32,
+        4096,
+        28,
+        SearchSpace(recompute=("auto", "stated"), mbs=(1, 2), vpp=(1, 2), **FIXED),
+    ),
+    "dense-stated-torchtitan-tight": (  # torchtitan: one layer in every N whole
+        "llama-3-8b",
+        8,
+        32,
+        4096,
+        28,
+        SearchSpace(recompute=("stated",), mbs=(1, 2), offload_optimizer=(False,)),
+    ),
+    "mla-deepseek-stated": (
+        "deepseek-v2-lite",
+        8,
+        16,
+        4096,
+        50,
+        SearchSpace(recompute=("stated",), **FIXED),
+    ),
 }
 JOBS = {
+    "dense-stated-torchtitan-tight": {"framework": "torchtitan"},
     "moe-qwen3-a2a-overlap-tight": {"moe_a2a_overlap": True},
     "dense-activation-offload-tight": {"activation_offload": True},
     "dense-70b-all-schedules": {"defer_embedding_wgrad": True, "wgrad_deferral_limit": 4},

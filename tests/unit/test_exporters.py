@@ -152,7 +152,7 @@ def chunk(options: str, index: int = 0) -> Chunk:
 def test_megatron_recompute_without_a_pricer_saves_at_least_the_planned_memory(
     parts, exact: bool
 ) -> None:
-    args, caveats, priced = recompute_args(parts, plan=None, selective=frozenset({"core_attn"}))
+    args, caveats, priced = recompute_args(parts, plan=None, ctx=None)
     assert priced is None  # nothing to price it with
     assert (caveats == []) == exact
     if args[1] == "full":  # whole layers: the first N of each chunk
@@ -184,10 +184,16 @@ def test_megatron_recompute_without_a_pricer_saves_at_least_the_planned_memory(
             True,
         ),
         ((chunk("op none"),), {"mode": "selective", "selective_ac_option": "op"}, False),
+        # One-layer chunks beside a two-layer one (a balanced split): every second layer.
+        (
+            (chunk("full"), chunk("full", 1), chunk("full none", 2)),
+            {"mode": "selective", "selective_ac_option": "2"},
+            True,
+        ),
     ],
 )
 def test_torchtitan_checkpointing(parts, settings, exact: bool) -> None:
-    written, caveats, priced = checkpoint_settings(parts, plan=None)
+    written, caveats, priced = checkpoint_settings(parts, plan=None, ctx=None)
     assert priced is None
     assert written == settings
     assert (caveats == []) == exact
@@ -316,8 +322,7 @@ def test_a_per_layer_choice_is_written_as_the_fastest_setting_that_fits(
         return planner.estimate_per_layer(ctx, plan.layout, recompute, options)
 
     module = megatron if framework == "megatron" else torchtitan
-    found = [(price(s.options), s) for s in module.candidates(parts, *(
-        (ctx.framework.selective,) if framework == "megatron" else ()))]  # fmt: skip
+    found = [(price(s.options), s) for s in module.candidates(parts, ctx, plan.layout)]
     fitting = [(p.time.step_s, i, s) for i, (p, s) in enumerate(found) if p.memory.fits]
     assert fitting, "some setting the framework states fits"
     step, _, best = min(fitting)

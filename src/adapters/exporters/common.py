@@ -138,10 +138,7 @@ def stand_in(
         f"{framework}: the plan recomputes per layer ({assignment_text(parts)}), which "
         f"{what} cannot state"
     )
-    tail = (
-        f"; search with --recompute none, selective or full to rank only plans {framework} "
-        "states exactly"
-    )
+    tail = f"; search with --recompute stated to rank only plans {framework} states exactly"
     found = fastest_fitting(candidates, price) if price is not None else None
     if found is None:
         if price is None:

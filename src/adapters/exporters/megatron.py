@@ -7,7 +7,6 @@ overlaps the time model assumes); the model's shape stays in the user's launch s
 from __future__ import annotations
 
 import shlex
-from itertools import combinations
 
 from ndplan.core.context import PricingContext, layer_counts
 from ndplan.core.frameworks import SWITCHES
@@ -16,7 +15,7 @@ from ndplan.core.memory import fp8_primary_weights
 from ndplan.core.model import ModelSpec
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, PerLayerPricer, StandIn
-from ndplan.core.recompute import FULL, NONE
+from ndplan.core.recompute import FULL, NONE, StatedRecompute, stated_settings
 
 from .common import (
     OFFLOAD,
@@ -109,40 +108,29 @@ def _first(parts: tuple[Chunk, ...], n: int, option: str) -> tuple[str, ...]:
     return per_layer(parts, lambda c, i: option if i < n else NONE)
 
 
-def candidates(parts: tuple[Chunk, ...], selective: frozenset[str]) -> list[Setting]:
-    """Every recompute setting Megatron states that may stand in for a per-layer choice,
-    in a fixed order: no recompute; the same modules on every layer (each subset of the
-    switches the plan uses, and Megatron's default); the first N layers of each chunk
-    whole; the first N offloaded, where the plan offloads."""
-    used = options_used(parts)
-    pool = [s for s in MODULES if s in frozenset().union(selective, *(switches(o) for o in used))]
-    out = [Setting([], "no recompute", per_layer(parts, lambda c, i: NONE))]
-    for size in range(1, len(pool) + 1):
-        for subset in combinations(pool, size):
-            modules = [MODULES[s] for s in subset]
-            name = _name(frozenset(subset))
-            out.append(
-                Setting(
-                    [*SELECTIVE, *modules],
-                    f"selective recompute of {' '.join(modules)} on every layer",
-                    per_layer(parts, lambda c, i, name=name: name),
-                )
-            )
-    longest = max(len(c.options) for c in parts)
-    for n in range(1, longest + 1):
-        whole = _first(parts, n, FULL)
-        if n == longest:
-            out.append(Setting(UNIFORM_FULL, "full recompute of every layer", whole))
-        else:
-            out.append(Setting(block(n), _first_words(n, "full recompute"), whole))
-    if OFFLOAD in used:
-        for n in range(1, longest + 1):
-            out.append(
-                Setting(
-                    offload(n), _first_words(n, "activation offload"), _first(parts, n, OFFLOAD)
-                )
-            )
-    return out
+def stated_args(setting: StatedRecompute, longest: int) -> tuple[list[str], str]:
+    """Megatron's arguments for one setting it states, and the setting in words."""
+    if setting.option == NONE:
+        return [], "no recompute"
+    if setting.option == FULL:
+        if setting.first:
+            return block(setting.first), _first_words(setting.first, "full recompute")
+        return UNIFORM_FULL, "full recompute of every layer"
+    if setting.option == OFFLOAD:
+        n = setting.first or longest
+        return offload(n), _first_words(n, "activation offload")
+    modules = [MODULES[s] for s in MODULES if s in switches(setting.option)]
+    return [*SELECTIVE, *modules], f"selective recompute of {' '.join(modules)} on every layer"
+
+
+def candidates(parts: tuple[Chunk, ...], ctx: PricingContext, layout: Layout) -> list[Setting]:
+    """Every recompute setting Megatron states at the plan's layout, as ``--recompute
+    stated`` weighs them (core.recompute.stated_settings), in its order."""
+    sizes = [len(c.options) for c in parts]
+    return [
+        Setting(*stated_args(s, max(sizes)), s.per_layer(sizes))
+        for s in stated_settings(ctx, layout)
+    ]
 
 
 def _first_words(n: int, what: str) -> str:
@@ -175,7 +163,7 @@ def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
 def recompute_args(
     parts: tuple[Chunk, ...],
     plan: Plan,
-    selective: frozenset[str],
+    ctx: PricingContext,
     price: PerLayerPricer | None = None,
 ) -> tuple[list[str], list[str], StandIn | None]:
     """Megatron's recompute arguments for the plan, a caveat where they cannot state its
@@ -188,7 +176,7 @@ def recompute_args(
         "Megatron's arguments",
         parts,
         plan,
-        candidates(parts, selective),
+        candidates(parts, ctx, plan.layout) if price is not None else [],
         memory_safe(parts),
         price,
     )
@@ -266,7 +254,7 @@ class MegatronExporter:
         if ctx.deferred_head_wgrads(lay):
             args.append(["--defer-embedding-wgrad-compute", "--wgrad-deferral-limit", str(job.wgrad_deferral_limit)])  # fmt: skip
         parts = chunks(plan, ctx)
-        recompute, inexact, priced = recompute_args(parts, plan, ctx.framework.selective, price)
+        recompute, inexact, priced = recompute_args(parts, plan, ctx, price)
         if recompute:
             args.append(recompute)
         caveats += inexact

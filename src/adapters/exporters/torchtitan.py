@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 from ndplan.core.context import PricingContext
+from ndplan.core.layout import Layout
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, PerLayerPricer, StandIn
-from ndplan.core.recompute import FULL, NONE
+from ndplan.core.recompute import FULL, NONE, StatedRecompute, stated_settings
 
 from .common import Chunk, Setting, chunks, options_used, per_layer, stand_in, summary_lines
 
@@ -53,25 +54,31 @@ def exact_checkpointing(parts: tuple[Chunk, ...]) -> dict[str, str] | None:
     if used == {PER_OP}:
         return PER_OP_CHECKPOINTING
     if used == {NONE, FULL}:
+        # Counts, not places: within a chunk, which layers are whole prices the same.
         wanted = [(len(c.options), c.count(FULL)) for c in parts]
-        n = min(size // k for size, k in wanted if k)
-        if all(-(-size // n) == k for size, k in wanted):
-            return every(n)
+        for n in range(2, max(size for size, _ in wanted) + 1):
+            if all(-(-size // n) == k for size, k in wanted):
+                return every(n)
     return None
 
 
-def candidates(parts: tuple[Chunk, ...]) -> list[Setting]:
-    """Every checkpointing torchtitan states that may stand in for a per-layer choice, in
-    a fixed order: none, the per-op policy on every layer, one layer in every N whole."""
-    out = [
-        Setting(NO_CHECKPOINTING, "no checkpointing", per_layer(parts, lambda c, i: NONE)),
-        Setting(PER_OP_CHECKPOINTING, "the per-op policy on every layer", per_layer(parts, lambda c, i: PER_OP)),
-    ]  # fmt: skip
-    longest = max(len(c.options) for c in parts)
-    out += [
-        Setting(every(n), _every_words(n), _every_options(parts, n)) for n in range(1, longest + 1)
+def stated_checkpointing(setting: StatedRecompute) -> tuple[dict[str, str], str]:
+    """torchtitan's ``[activation_checkpoint]`` for one setting it states, in words."""
+    if setting.option == NONE:
+        return NO_CHECKPOINTING, "no checkpointing"
+    if setting.option == PER_OP:
+        return PER_OP_CHECKPOINTING, "the per-op policy on every layer"
+    n = setting.every or 1
+    return every(n), _every_words(n)
+
+
+def candidates(parts: tuple[Chunk, ...], ctx: PricingContext, layout: Layout) -> list[Setting]:
+    """Every checkpointing torchtitan states at the plan's layout, as ``--recompute
+    stated`` weighs them (core.recompute.stated_settings), in its order."""
+    sizes = [len(c.options) for c in parts]
+    return [
+        Setting(*stated_checkpointing(s), s.per_layer(sizes)) for s in stated_settings(ctx, layout)
     ]
-    return out
 
 
 def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
@@ -80,13 +87,17 @@ def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
     every N whole with N small enough for each chunk's count (per-op layers counted as
     whole ones)."""
     if FULL not in options_used(parts):
-        return candidates(parts)[1]
+        return Setting(
+            PER_OP_CHECKPOINTING,
+            "the per-op policy on every layer",
+            per_layer(parts, lambda c, i: PER_OP),
+        )
     n = min(len(c.options) // k for c in parts if (k := len(c.options) - c.count(NONE)))
     return Setting(every(n), _every_words(n), _every_options(parts, n))
 
 
 def checkpoint_settings(
-    parts: tuple[Chunk, ...], plan: Plan, price: PerLayerPricer | None = None
+    parts: tuple[Chunk, ...], plan: Plan, ctx: PricingContext, price: PerLayerPricer | None = None
 ) -> tuple[dict[str, str], list[str], StandIn | None]:
     """torchtitan's ``[activation_checkpoint]`` for the plan, a caveat where it cannot
     state its per-layer choice, and the setting written priced (``stand_in``)."""
@@ -98,7 +109,7 @@ def checkpoint_settings(
         "torchtitan's activation_checkpoint",
         parts,
         plan,
-        candidates(parts),
+        candidates(parts, ctx, plan.layout) if price is not None else [],
         memory_safe(parts),
         price,
     )
@@ -164,7 +175,7 @@ class TorchtitanExporter:
                 "memory as well as the optimizer state the plan offloads: less device "
                 "memory than planned, and slower"
             )
-        checkpoint, inexact, priced = checkpoint_settings(parts, plan, price)
+        checkpoint, inexact, priced = checkpoint_settings(parts, plan, ctx, price)
         caveats += inexact
         sections: list[tuple[str, dict[str, object]]] = [
             ("parallelism", parallelism),
