@@ -195,12 +195,13 @@ class Planner:
         moved = 0
         plans: list[tuple[tuple, Plan]] = []
         for plan in result.plans:
+            rank = plan.rank  # the search's, also for the placement that replaces it
             if uneven and plan.layout.pp > 1:
                 found = run_balance(pricer, plan.layout)
                 if found.best.fits and found.best.time.step_s < plan.time.step_s:
                     plan = pricer.plan(found.best)
                     moved += 1
-            plans.append(((plan.time.step_s, plan.memory.peak_bytes, plan.rank), plan))
+            plans.append(((plan.time.step_s, plan.memory.peak_bytes, rank), plan))
         kept, seen = [], set()
         for _, plan in sorted(plans, key=lambda item: item[0]):
             if plan.layout not in seen:

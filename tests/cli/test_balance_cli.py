@@ -129,6 +129,21 @@ def test_search_rebalance_re_ranks_the_top_plans_and_is_the_same_on_any_executor
     assert search_json(capsys, "-j", "2", "--rebalance") == moved
 
 
+def test_rebalance_ranks_a_placement_that_ties_with_a_listed_plan(capsys) -> None:
+    """DeepSeek-V2-Lite on 2 H100: plans listed with the even and the balanced split balance
+    to the same placement, a tie the search's order breaks before the placement is kept
+    once (it compared a balanced plan's missing rank with a number: an internal error)."""
+    argv = ("-m", "deepseek-v2-lite", "-d", "h100", "-n", "2", "--gbs", "256", "-s", "4096")
+    code = run(["search", *argv, "--schedule", "interleaved", "--rebalance", "-j", "1", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    plans = json.loads(captured.out)["plans"]
+    assert len(plans) < 10  # of the 10 listed, some reached one placement: the tie
+    keys = [(p["time"]["step_s"], p["memory"]["peak_bytes"]) for p in plans]
+    assert keys == sorted(keys) and [p["rank"] for p in plans] == list(range(1, len(plans) + 1))
+    assert len({json.dumps(p["layout"], sort_keys=True) for p in plans}) == len(plans)
+
+
 def test_balance_says_when_no_placement_fits(capsys) -> None:
     """Llama 3 70B on 8 H100 at pp 8 without recompute fits no way: the line names the
     closest placement's overshoot and the start's, not a step time."""
