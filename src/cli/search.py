@@ -1084,6 +1084,7 @@ def launch_layout(
         is_moe=ctx.model.is_moe,
         global_batch=ctx.job.global_batch_size,
         seq_length=ctx.job.seq_length,
+        framework=ctx.framework.name,
     )
     if suffix == ".toml":
         try:

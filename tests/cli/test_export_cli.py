@@ -232,6 +232,33 @@ def test_megatron_arguments_read_back_as_the_same_layout(
     assert baseline["plan"]["layout"] == best["layout"]
 
 
+@pytest.mark.parametrize(("framework", "suffix"), [("megatron", "sh"), ("torchtitan", "toml")])
+def test_a_stand_in_reads_back_at_its_own_price(
+    capsys, tmp_path: Path, framework: str, suffix: str
+) -> None:
+    """A per-layer mix the framework cannot state is written as the fastest setting it
+    states; given back as --baseline in a search of that framework, it is priced as what
+    the framework states at that layout (recompute stated): the stand-in's own step."""
+    target = tmp_path / f"plan.{suffix}"
+    flags = (*TIGHT, "--framework", framework)
+    code, out, err = invoke(
+        capsys, "search", *flags, "--json", "--export", framework, "--out", str(target)
+    )
+    assert code == 0, err
+    best = json.loads(out)["plans"][0]
+    written = re.search(r"fits by ndplan's estimate: ([\d.]+) s per step", err)
+    assert written is not None, err  # the case is a per-layer mix
+    code, out, err = invoke(capsys, "search", *flags, "--json", "--baseline", str(target))
+    assert code == 0, err
+    assert "(recompute stated), which may be faster than it" in err
+    baseline = json.loads(out)["baseline"]
+    assert baseline["plan"]["layout"]["recompute"] == "stated"
+    assert f"{baseline['plan']['time']['step_s']:.3f}" == written.group(1)
+    assert {k: v for k, v in baseline["plan"]["layout"].items() if k != "recompute"} == {
+        k: v for k, v in best["layout"].items() if k != "recompute"
+    }
+
+
 @pytest.mark.parametrize("recompute", ["selective", "full", "none"])
 @pytest.mark.parametrize(("framework", "suffix"), [("torchtitan", "toml"), ("mindformers", "yaml")])
 def test_framework_configs_read_back_as_the_same_layout(

@@ -5,6 +5,7 @@ does. The round trip through ``--export`` is tested in tests/cli/test_export_cli
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -53,6 +54,17 @@ def test_a_torchtitan_config_states_its_layout() -> None:
     assert read.split == (2, 1, 1, 1)
 
 
+def test_torchtitan_with_one_replica_leaves_the_zero_stage_to_the_search() -> None:
+    """Shard and replicate degrees of 1 shard nothing (torchtitan applies no FSDP): the
+    stage is moot, and the search's own stands for it, as for the layouts it ranks."""
+    one = "[parallelism]\ntensor_parallel_degree = 8\ndata_parallel_replicate_degree = 1\n"
+    read = titan(one + "data_parallel_shard_degree = 1\n")
+    assert read.degrees == {"tp": 8, "pp": 1, "cp": 1, "dp": 1}
+    two = titan(one.replace("tensor_parallel_degree = 8", "tensor_parallel_degree = 4")
+                + "data_parallel_shard_degree = 2\n")  # fmt: skip
+    assert two.degrees["zero"] == 3
+
+
 def test_torchtitan_defaults_fsdp_over_the_rest_and_leaves_unstated_choices_free() -> None:
     read = titan("[parallelism]\ntensor_parallel_degree = 4\n")
     assert read.degrees == {"tp": 4, "pp": 1, "cp": 1, "zero": 3}
@@ -99,8 +111,12 @@ def test_bad_torchtitan_values_are_one_line(text: str, message: str) -> None:
     [("op", "selective", False), ("1", "full", False), ("2", "auto", True)],
 )
 def test_torchtitan_layer_checkpointing(option: str, recompute: str, noted: bool) -> None:
-    read = titan(f'[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "{option}"\n')
+    text = f'[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "{option}"\n'
+    read = titan(text)
     assert read.degrees["recompute"] == recompute and bool(read.notes) == noted
+    # In a torchtitan search, one layer in every N is one of the settings `stated` weighs.
+    own = titan(text, replace(PROBLEM, framework="torchtitan"))
+    assert own.degrees["recompute"] == ("stated" if noted else recompute)
 
 
 MINDFORMERS = """
@@ -141,6 +157,9 @@ def test_mindformers_recompute_counts(recompute_config: dict, recompute: str) ->
     data = yaml.safe_load(MINDFORMERS)
     data["recompute_config"] = recompute_config
     assert mindformers_layout(data, "f.yaml", PROBLEM).degrees["recompute"] == recompute
+    own = replace(PROBLEM, framework="mindformers")
+    expected = "stated" if recompute == "auto" else recompute  # per-stage counts, as stated
+    assert mindformers_layout(data, "f.yaml", own).degrees["recompute"] == expected
 
 
 @pytest.mark.parametrize(

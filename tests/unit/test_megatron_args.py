@@ -109,6 +109,13 @@ def test_recompute_the_search_cannot_state_is_priced_per_layer_and_said(
     layout = read(f"--pipeline-model-parallel-size 4 {text}")
     assert layout.degrees["recompute"] == recompute
     assert bool(layout.notes) == noted
+    # In a Megatron search, what Megatron states: the fastest of its settings that fits.
+    own = read(f"--pipeline-model-parallel-size 4 {text}", framework="megatron")
+    assert own.degrees["recompute"] == ("stated" if noted else recompute)
+    if noted:
+        assert "(recompute stated), which may be faster than it" in own.notes[0]
+        assert "(recompute auto)" in layout.notes[0]
+    assert bool(layout.notes) == noted
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,9 @@ class Problem:
     is_moe: bool
     global_batch: int
     seq_length: int
+    framework: str = ""
+    """The search's ``--framework``: a config of that framework whose recompute the search
+    cannot name is priced as what the framework states (``stated``)."""
 
 
 @dataclass
@@ -65,8 +68,18 @@ def _check_matches(where: str, name: str, stated: int, searched: int, flag: str)
         )
 
 
-def per_layer_note(where: str, what: str) -> str:
-    return (
-        f"{where}: {what} is priced as the search's per-layer choice (recompute auto), which "
-        "may be faster than it"
+def per_layer_recompute(
+    result: LaunchLayout, where: str, what: str, framework: str, problem: Problem
+) -> str:
+    """The recompute policy that prices a setting no policy names (block recompute of some
+    layers, other modules, every N-th layer): in a search of the config's own framework,
+    the fastest setting that framework states (the config's is one of them), else the
+    per-layer choice; a note says which."""
+    if problem.framework == framework:
+        policy, priced = "stated", f"the fastest setting {framework}'s config states that fits"
+    else:
+        policy, priced = "auto", "the search's per-layer choice"
+    result.notes.append(
+        f"{where}: {what} is priced as {priced} (recompute {policy}), which may be faster than it"
     )
+    return policy

@@ -22,7 +22,7 @@ from .launch import (
     Problem,
     check_batch,
     check_sequence,
-    per_layer_note,
+    per_layer_recompute,
     positive,
 )
 
@@ -194,12 +194,12 @@ def megatron_layout(found: Mapping[str, Any], where: str, problem: Problem) -> L
         degrees["zero"] = 1 if found.get("--use-distributed-optimizer") else 0
     degrees["sp"] = bool(found.get("--sequence-parallel"))
     degrees["offload_optimizer"] = bool(found.get("--optimizer-cpu-offload"))
-    degrees["recompute"] = _recompute(found, result, where, num_layers, pp * int(degrees["vpp"]))
+    degrees["recompute"] = _recompute(found, result, where, problem, pp * int(degrees["vpp"]))
     return result
 
 
 def _recompute(
-    found: Mapping[str, Any], result: LaunchLayout, where: str, num_layers: int, chunks: int
+    found: Mapping[str, Any], result: LaunchLayout, where: str, problem: Problem, chunks: int
 ) -> str:
     granularity = found.get("--recompute-granularity")
     if granularity is None:
@@ -207,18 +207,16 @@ def _recompute(
     if granularity == "full":
         method = found.get("--recompute-method")
         n = _number(found, "--recompute-num-layers", where) or 1
-        if method in (None, "uniform") or n * chunks >= num_layers:
+        if method in (None, "uniform") or n * chunks >= problem.num_layers:
             return "full"
-        result.notes.append(
-            per_layer_note(where, f"full recompute of the first {n} layers of each chunk")
-        )
-        return "auto"
+        what = f"full recompute of the first {n} layers of each chunk"
+        return per_layer_recompute(result, where, what, "megatron", problem)
     if granularity == "selective":
         modules = found.get("--recompute-modules") or ["core_attn"]
         if set(modules) == {"core_attn"}:
             return "selective"
-        result.notes.append(per_layer_note(where, f"selective recompute of {' '.join(modules)}"))
-        return "auto"
+        what = f"selective recompute of {' '.join(modules)}"
+        return per_layer_recompute(result, where, what, "megatron", problem)
     raise InvalidInputError(
         f"{where}: --recompute-granularity {granularity} unknown; use full or selective"
     )

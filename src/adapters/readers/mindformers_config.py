@@ -8,7 +8,7 @@ from typing import Any
 
 from ndplan.core.errors import InvalidInputError
 
-from .launch import LaunchLayout, Problem, check_batch, per_layer_note, positive
+from .launch import LaunchLayout, Problem, check_batch, per_layer_recompute, positive
 
 
 def is_mindformers(data: Any) -> bool:
@@ -63,14 +63,19 @@ def mindformers_layout(config: Mapping[str, Any], where: str, problem: Problem) 
     layers = [base + int(o) for o in flat] if any(flat) else [base] * chunks
     if any(flat):
         result.split = tuple(layers)
-    recompute = _recompute(config.get("recompute_config") or {}, where, result, layers, pp)
+    recompute = _recompute(config.get("recompute_config") or {}, where, result, layers, pp, problem)
     if recompute is not None:
         degrees["recompute"] = recompute
     return result
 
 
 def _recompute(
-    section: Mapping[str, Any], where: str, result: LaunchLayout, layers: list[int], pp: int
+    section: Mapping[str, Any],
+    where: str,
+    result: LaunchLayout,
+    layers: list[int],
+    pp: int,
+    problem: Problem,
 ) -> str | None:
     """``recompute`` (whole layers) then ``select_recompute`` (core attention): true for
     every layer, or counts per stage (``[pp]``) or per chunk (``[vpp][pp]``)."""
@@ -108,5 +113,5 @@ def _recompute(
         return "none"
     if full == "none" and selected == "all":
         return "selective"
-    result.notes.append(per_layer_note(where, "recompute of some layers per stage"))
-    return "auto"
+    what = "recompute of some layers per stage"
+    return per_layer_recompute(result, where, what, "mindformers", problem)

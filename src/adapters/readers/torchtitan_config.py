@@ -17,7 +17,7 @@ from .launch import (
     Problem,
     check_batch,
     check_sequence,
-    per_layer_note,
+    per_layer_recompute,
     positive,
 )
 
@@ -53,7 +53,9 @@ def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -
     else:
         shard = positive(shard, "parallelism.data_parallel_shard_degree", where)
         degrees["dp"] = replicate * shard
-        degrees["zero"] = 3 if shard > 1 else 0
+        if replicate * shard > 1 or degrees["cp"] > 1:
+            degrees["zero"] = 3 if shard > 1 else 0
+        # else one replica: no stage shards anything, so the search's own stands for it
         if replicate > 1 and shard > 1:
             result.notes.append(
                 f"{where}: HSDP (replicate {replicate} × shard {shard}) is priced as FSDP over "
@@ -101,7 +103,7 @@ def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -
             f"{where}: enable_cpu_offload is priced as optimizer offload; torchtitan moves the "
             "parameters and gradients to host memory too"
         )
-    recompute = _checkpointing(config, where, result)
+    recompute = _checkpointing(config, where, result, problem)
     if recompute is not None:
         degrees["recompute"] = recompute
     return result
@@ -114,7 +116,9 @@ def _section(config: Mapping[str, Any], name: str, where: str) -> Mapping[str, A
     return section
 
 
-def _checkpointing(config: Mapping[str, Any], where: str, result: LaunchLayout) -> str | None:
+def _checkpointing(
+    config: Mapping[str, Any], where: str, result: LaunchLayout, problem: Problem
+) -> str | None:
     ac = _section(config, "activation_checkpoint", where)
     if "mode" not in ac:
         return None  # the search's to choose
@@ -131,5 +135,5 @@ def _checkpointing(config: Mapping[str, Any], where: str, result: LaunchLayout) 
     every = positive(option, "activation_checkpoint.selective_ac_option", where)
     if every == 1:
         return "full"
-    result.notes.append(per_layer_note(where, f"checkpointing one layer in every {every}"))
-    return "auto"
+    what = f"checkpointing one layer in every {every}"
+    return per_layer_recompute(result, where, what, "torchtitan", problem)
