@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from itertools import groupby
 
 from rich.console import Group
 from rich.text import Text
 
-from ndplan.adapters.exporters.megatron import pipeline_layout
+from ndplan.adapters.exporters.common import chunks
+from ndplan.adapters.exporters.megatron import exact_args, pipeline_layout
+from ndplan.adapters.exporters.torchtitan import exact_checkpointing
 from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan, RecomputeRange, SearchResult
 
@@ -196,15 +199,38 @@ def plan_report(
         items += [Text("  " + line) for line in recompute_lines(plan.recompute)]
     else:  # the recompute ranges would have shown where the layers are
         items += [Text(line) for line in placement_section(ctx, plan)]
+    stated = stated_recompute_line(ctx, plan)
+    if stated is not None:  # one line, as pasted into a launch script or config
+        items.append(Text(stated, no_wrap=True, overflow="ignore"))
     return Group(*items)
+
+
+def stated_recompute_line(ctx: PricingContext, plan: Plan) -> str | None:
+    """Under ``--recompute stated``, the setting chosen as the framework's config states
+    it (Megatron's arguments, torchtitan's ``[activation_checkpoint]``); None otherwise
+    and for per-stage counts, which the recompute ranges show as they are written."""
+    if plan.layout.recompute != "stated":
+        return None
+    framework = ctx.framework.name
+    if framework == "megatron":
+        args = exact_args(chunks(plan, ctx))
+        if args is not None:
+            return f"megatron: {' '.join(args) if args else 'no recompute arguments'}"
+    elif framework == "torchtitan":
+        section = exact_checkpointing(chunks(plan, ctx))
+        if section is not None:
+            pairs = ", ".join(f"{k} = {json.dumps(v)}" for k, v in section.items())
+            return f"torchtitan: [activation_checkpoint] {pairs}"
+    return None
 
 
 def _recompute_ranges_say_more(plan: Plan) -> bool:
     """Whether the per-layer recompute ranges tell more than the layout line: the options
-    differ between layers (e.g. none with offloaded layers), or the per-layer choice
-    picked one that is not none."""
+    differ between layers (e.g. none with offloaded layers), or the per-layer or stated
+    choice picked one that is not none."""
     options = {r.option for r in plan.recompute}
-    return len(options) > 1 or (plan.layout.recompute == "auto" and bool(options - {"none"}))
+    chosen = plan.layout.recompute in ("auto", "stated")
+    return len(options) > 1 or (chosen and bool(options - {"none"}))
 
 
 def placement_section(ctx: PricingContext, plan: Plan) -> list[str]:

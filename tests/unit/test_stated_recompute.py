@@ -13,6 +13,9 @@ from __future__ import annotations
 import pytest
 
 from ndplan.adapters.exporters.common import chunks
+from ndplan.adapters.exporters.megatron import stated_args
+from ndplan.adapters.exporters.torchtitan import stated_checkpointing
+from ndplan.cli.render import stated_recompute_line
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout
 from ndplan.core.recompute import (
@@ -122,6 +125,16 @@ def test_a_stated_plan_is_the_fastest_stated_setting_that_fits_and_exports_exact
     exporter = planner.components.exporters.get(framework)
     made = exporter.render(plan, ctx)
     assert not [c for c in made.caveats if "per layer" in c]
+    # The report names the setting as the framework's config states it.
+    line = stated_recompute_line(ctx, plan)
+    if framework == "megatron":
+        assert line == "megatron: " + " ".join(stated_args(best, max(sizes))[0])
+        assert "\n  " + line.removeprefix("megatron: ") + "\n" in made.text  # as exported
+    else:
+        section, _ = stated_checkpointing(best)
+        assert line == "torchtitan: [activation_checkpoint] " + ", ".join(
+            f'{k} = "{v}"' for k, v in section.items()
+        )
 
 
 @pytest.mark.parametrize("framework", ["mindformers", "deepspeed"])
