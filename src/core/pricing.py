@@ -22,6 +22,7 @@ from .ports import REFETCH_PART, CostModel, KnapsackSolver, MemoryModel, Recompu
 from .recompute import (
     OFFLOADED,
     activation_offload_offered,
+    chunk_stages,
     kind_front,
     kind_options,
     option_name,
@@ -355,6 +356,9 @@ class Pricer:
             # Counts per stage: the knapsack among the options such a config names.
             assignment = self.auto_assignment(layout, static_totals, stated_stage_options(ctx))
             lightest = None
+            chosen = {group[3] for stage in assignment or () for group in stage}
+            if len(chosen) == 1:  # one option everywhere: priced as that fixed policy is
+                return self._price_fixed(layout, stages, static_totals, chosen.pop(), with_time)
         elif layout.recompute == "none" and activation_offload_offered(ctx):
             # Megatron offloads layers beside a recompute setting (--cpu-offloading-num-
             # layers): with none, the layers that do not fit are offloaded, the rest kept.
@@ -427,10 +431,19 @@ class Pricer:
         ctx = self.ctx
         budget = ctx.budget_bytes
         refetches = self._refetch_bytes(layout, stages)
-        sizes = layer_counts(ctx.model, layout)
+        sizes, held_by = layer_counts(ctx.model, layout), chunk_stages(layout)
         best: PricedLayout | None = None
         for setting in stated_settings(ctx, layout):
-            options = [parse_option(name) for name in setting.per_layer(sizes)]
+            if not (setting.first or setting.every):
+                # One option on every layer: priced as the fixed policy is, to the last bit,
+                # so a config that states it reads back at the same step.
+                priced = self._price_fixed(
+                    layout, stages, static_totals, parse_option(setting.option)
+                )
+                if priced.fits and (best is None or priced.time.step_s < best.time.step_s):
+                    best = priced
+                continue
+            options = [parse_option(name) for name in setting.per_layer(sizes, held_by)]
             assignment = self._layer_assignment(stages, options)
             activations = tuple(self.activation_bytes(layout, a) for a in assignment)
             if any(

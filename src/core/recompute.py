@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
-from .context import PricingContext, layer_counts
+from .context import PricingContext, chunk_stage, layer_counts
 from .frameworks import (
     OFFLOAD,
     STATED_EVERY_NTH,
@@ -144,30 +144,41 @@ def kind_front(
     return found
 
 
+def every_nth(chunk_sizes: Sequence[int], chunk_stages: Sequence[int], n: int) -> list[bool]:
+    """Which decoder layers (model order) torchtitan's layer-level checkpointing
+    (``selective_ac_option = n``) wraps whole: it counts the blocks each rank wraps, over
+    its chunks in order, and wraps the n-th, 2n-th, …; so a rank's chunks of fewer than n
+    layers share one count."""
+    counted = dict.fromkeys(chunk_stages, 0)
+    out = []
+    for size, stage in zip(chunk_sizes, chunk_stages, strict=True):
+        for _ in range(size):
+            counted[stage] += 1
+            out.append(counted[stage] % n == 0)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class StatedRecompute:
     """One recompute setting a framework's config states for the whole model: an option
-    on every layer, on the first ``first`` layers of each chunk, or on one layer in every
-    ``every`` of each chunk (its first, then every ``every``-th); the rest keep everything."""
+    on every layer, on the first ``first`` layers of each chunk, or on every ``every``-th
+    layer each rank holds (``every_nth``); the rest keep everything."""
 
     option: str
     """The option's name (``full``, ``offload``, switches joined by ``+``, ``none``)."""
     first: int = 0
     every: int = 0
 
-    def per_layer(self, chunk_sizes: Sequence[int]) -> tuple[str, ...]:
-        """The option each decoder layer runs, in model order, for chunks of these sizes."""
-        out = []
-        for size in chunk_sizes:
-            for i in range(size):
-                if self.first:
-                    runs = i < self.first
-                elif self.every:
-                    runs = i % self.every == 0
-                else:
-                    runs = True
-                out.append(self.option if runs else NONE)
-        return tuple(out)
+    def per_layer(self, chunk_sizes: Sequence[int], chunk_stages: Sequence[int]) -> tuple[str, ...]:
+        """The option each decoder layer runs, in model order, for chunks of these sizes
+        held by these pipeline stages."""
+        if self.every:
+            wrapped = every_nth(chunk_sizes, chunk_stages, self.every)
+        else:
+            wrapped = [
+                not self.first or i < self.first for size in chunk_sizes for i in range(size)
+            ]
+        return tuple(self.option if runs else NONE for runs in wrapped)
 
 
 def stated_stage_options(ctx: PricingContext) -> tuple[str, ...]:
@@ -199,5 +210,13 @@ def stated_settings(ctx: PricingContext, layout: Layout) -> tuple[StatedRecomput
             out.extend(StatedRecompute(OFFLOAD, first=n) for n in range(1, longest))
             out.append(StatedRecompute(OFFLOAD))
     elif fw.stated_recompute == STATED_EVERY_NTH:
-        out.extend(StatedRecompute(FULL, every=n) for n in range(2, longest + 1))
+        held: dict[int, int] = {}  # decoder layers per stage
+        for size, stage in zip(layer_counts(ctx.model, layout), chunk_stages(layout), strict=True):
+            held[stage] = held.get(stage, 0) + size
+        out.extend(StatedRecompute(FULL, every=n) for n in range(2, max(held.values()) + 1))
     return tuple(out)
+
+
+def chunk_stages(layout: Layout) -> tuple[int, ...]:
+    """The pipeline stage that runs each chunk, in chunk order."""
+    return tuple(chunk_stage(layout, c) for c in range(layout.chunks))

@@ -134,8 +134,9 @@ def test_megatron_moe_and_fp8_arguments(planner: Planner, tmp_path) -> None:
     assert spelled.endswith("mL")
 
 
-def chunk(options: str, index: int = 0) -> Chunk:
-    return Chunk(index, 0, tuple(options.split()))
+def chunk(options: str, index: int = 0, stage: int | None = None) -> Chunk:
+    """A chunk of these options; on its own rank unless ``stage`` says which."""
+    return Chunk(index, 0, tuple(options.split()), index if stage is None else stage)
 
 
 @pytest.mark.parametrize(
@@ -178,18 +179,22 @@ def test_megatron_recompute_without_a_pricer_saves_at_least_the_planned_memory(
         ),
         ((chunk("full none full none"),), {"mode": "selective", "selective_ac_option": "2"}, True),
         ((chunk("full full full none"),), {"mode": "full"}, False),
-        (
+        (  # one of six: options 4, 5 and 6 all wrap one layer; the first is written
             (chunk("full none none none none none"),),
-            {"mode": "selective", "selective_ac_option": "6"},
+            {"mode": "selective", "selective_ac_option": "4"},
             True,
         ),
         ((chunk("op none"),), {"mode": "selective", "selective_ac_option": "op"}, False),
-        # One-layer chunks beside a two-layer one (a balanced split): every second layer.
+        # torchtitan counts a rank's layers over its chunks: one rank holding a one-layer
+        # and a three-layer chunk wraps its 2nd and 4th layers with option 2 ...
         (
-            (chunk("full"), chunk("full", 1), chunk("full none", 2)),
+            (chunk("none", 0, stage=0), chunk("full none full", 1, stage=0)),
             {"mode": "selective", "selective_ac_option": "2"},
             True,
         ),
+        # ... and a rank holding one layer wraps none with any N ≥ 2: only every layer
+        # whole saves the planned memory there.
+        ((chunk("full"), chunk("full", 1), chunk("full none", 2)), {"mode": "full"}, False),
     ],
 )
 def test_torchtitan_checkpointing(parts, settings, exact: bool) -> None:

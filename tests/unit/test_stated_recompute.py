@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from ndplan.adapters.exporters.common import chunks
+from ndplan.adapters.exporters.common import chunks, layer_shape
 from ndplan.adapters.exporters.megatron import stated_args
 from ndplan.adapters.exporters.torchtitan import stated_checkpointing
 from ndplan.cli.render import stated_recompute_line
@@ -42,12 +42,17 @@ def context(planner: Planner, framework: str, max_mem: float | None = None, **jo
 
 def test_a_setting_runs_its_option_on_every_layer_the_first_n_or_one_in_every_n() -> None:
     sizes = (3, 2)
-    assert StatedRecompute("norm").per_layer(sizes) == ("norm",) * 5
-    assert StatedRecompute("full", first=2).per_layer(sizes) == (
+    assert StatedRecompute("norm").per_layer(sizes, (0, 1)) == ("norm",) * 5
+    assert StatedRecompute("full", first=2).per_layer(sizes, (0, 1)) == (
         "full", "full", "none", "full", "full",
     )  # fmt: skip
-    assert StatedRecompute("full", every=2).per_layer(sizes) == (
-        "full", "none", "full", "full", "none",
+    one_rank, two_ranks = (0, 0), (0, 1)
+    # torchtitan wraps every 2nd layer a rank holds, counted over its chunks in order.
+    assert StatedRecompute("full", every=2).per_layer(sizes, one_rank) == (
+        "none", "full", "none", "full", "none",
+    )  # fmt: skip
+    assert StatedRecompute("full", every=2).per_layer(sizes, two_ranks) == (
+        "none", "full", "none", "none", "full",
     )  # fmt: skip
 
 
@@ -79,11 +84,10 @@ def test_megatron_offers_every_switch_of_any_layer_kind(planner) -> None:
 
 def test_torchtitan_states_the_per_op_policy_or_one_layer_in_every_n(planner) -> None:
     ctx, _ = context(planner, "torchtitan")
-    layout = Layout(
-        pp=2, vpp=2, num_microbatches=8, zero=3, schedule="interleaved"
-    )  # 8 layers a chunk
+    # 8 layers a chunk, two chunks a rank: one in every N of the rank's 16.
+    layout = Layout(pp=2, vpp=2, num_microbatches=8, zero=3, schedule="interleaved")
     names = [(s.option, s.every) for s in stated_settings(ctx, layout)]
-    assert names == [("none", 0), ("op", 0), ("full", 0)] + [("full", n) for n in range(2, 9)]
+    assert names == [("none", 0), ("op", 0), ("full", 0)] + [("full", n) for n in range(2, 17)]
 
 
 LAYOUTS = {
@@ -109,10 +113,10 @@ def test_a_stated_plan_is_the_fastest_stated_setting_that_fits_and_exports_exact
     layout = LAYOUTS[framework][0].model_copy(update={"recompute": "stated"})
     plan = planner.estimate(ctx, layout, options)
     assert plan.memory.fits
-    sizes = [len(c.options) for c in chunks(plan, ctx)]
+    sizes, stages = layer_shape(chunks(plan, ctx))
     fitting = []
     for i, setting in enumerate(stated_settings(ctx, layout)):
-        priced = planner.estimate_per_layer(ctx, layout, setting.per_layer(sizes), options)
+        priced = planner.estimate_per_layer(ctx, layout, setting.per_layer(sizes, stages), options)
         if priced.memory.fits:
             fitting.append((priced.time.step_s, i, setting, priced))
     step, _, best, priced = min(fitting, key=lambda f: f[:2])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ndplan.core.context import PricingContext, layer_counts
+from ndplan.core.context import PricingContext, chunk_stage, layer_counts
 from ndplan.core.frameworks import OFFLOAD
 from ndplan.core.plan import Plan
 from ndplan.core.ports import PerLayerPricer, StandIn
@@ -25,6 +25,8 @@ class Chunk:
     """Its first decoder layer."""
     options: tuple[str, ...]
     """The recompute option of each of its decoder layers, in layer order."""
+    stage: int
+    """The pipeline stage (rank) that runs it."""
 
     def count(self, *options: str) -> int:
         return sum(1 for o in self.options if o in options)
@@ -44,7 +46,7 @@ def chunks(plan: Plan, ctx: PricingContext) -> tuple[Chunk, ...]:
     out, start = [], 0
     for i, n in enumerate(layer_counts(ctx.model, layout)):
         options = tuple(option_of.get(layer, NONE) for layer in range(start, start + n))
-        out.append(Chunk(i, start, options))
+        out.append(Chunk(i, start, options, chunk_stage(layout, i)))
         start += n
     return tuple(out)
 
@@ -53,6 +55,11 @@ def per_layer(parts: tuple[Chunk, ...], choose) -> tuple[str, ...]:
     """The option each decoder layer runs, in model order, as ``choose(chunk, index)``
     gives it for the layer at ``index`` within its chunk."""
     return tuple(choose(c, i) for c in parts for i in range(len(c.options)))
+
+
+def layer_shape(parts: tuple[Chunk, ...]) -> tuple[list[int], list[int]]:
+    """The chunks' layer counts and stages, as ``StatedRecompute.per_layer`` takes them."""
+    return [len(c.options) for c in parts], [c.stage for c in parts]
 
 
 def options_used(parts: tuple[Chunk, ...]) -> set[str]:

@@ -22,6 +22,7 @@ from .common import (
     Chunk,
     Setting,
     chunks,
+    layer_shape,
     options_used,
     per_layer,
     stand_in,
@@ -126,9 +127,9 @@ def stated_args(setting: StatedRecompute, longest: int) -> tuple[list[str], str]
 def candidates(parts: tuple[Chunk, ...], ctx: PricingContext, layout: Layout) -> list[Setting]:
     """Every recompute setting Megatron states at the plan's layout, as ``--recompute
     stated`` weighs them (core.recompute.stated_settings), in its order."""
-    sizes = [len(c.options) for c in parts]
+    sizes, stages = layer_shape(parts)
     return [
-        Setting(*stated_args(s, max(sizes)), s.per_layer(sizes))
+        Setting(*stated_args(s, max(sizes)), s.per_layer(sizes, stages))
         for s in stated_settings(ctx, layout)
     ]
 

@@ -9,9 +9,18 @@ from ndplan.core.context import PricingContext
 from ndplan.core.layout import Layout
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, PerLayerPricer, StandIn
-from ndplan.core.recompute import FULL, NONE, StatedRecompute, stated_settings
+from ndplan.core.recompute import FULL, NONE, StatedRecompute, every_nth, stated_settings
 
-from .common import Chunk, Setting, chunks, options_used, per_layer, stand_in, summary_lines
+from .common import (
+    Chunk,
+    Setting,
+    chunks,
+    layer_shape,
+    options_used,
+    per_layer,
+    stand_in,
+    summary_lines,
+)
 
 SCHEDULES = {
     "1f1b": "1F1B",
@@ -38,14 +47,29 @@ def _every_words(n: int) -> str:
     )
 
 
+def _every_counts(parts: tuple[Chunk, ...], n: int) -> list[int]:
+    """Per chunk, the layers torchtitan wraps whole with ``selective_ac_option = n``."""
+    wrapped = iter(every_nth(*layer_shape(parts), n))
+    return [sum(next(wrapped) for _ in c.options) for c in parts]
+
+
 def _every_options(parts: tuple[Chunk, ...], n: int) -> tuple[str, ...]:
-    return per_layer(parts, lambda c, i: FULL if i % n == 0 else NONE)
+    return tuple(FULL if w else NONE for w in every_nth(*layer_shape(parts), n))
+
+
+def _per_rank(parts: tuple[Chunk, ...]) -> int:
+    """The most decoder layers one rank holds."""
+    held: dict[int, int] = {}
+    for c in parts:
+        held[c.stage] = held.get(c.stage, 0) + len(c.options)
+    return max(held.values())
 
 
 def exact_checkpointing(parts: tuple[Chunk, ...]) -> dict[str, str] | None:
     """torchtitan's ``[activation_checkpoint]`` where it states the plan exactly: no
     checkpointing, every layer whole, the per-op policy on every layer, or one layer in
-    every N whole where that is each chunk's count; None where it cannot."""
+    every N whole where that is each chunk's count (torchtitan counts a rank's layers
+    over its chunks); None where it cannot."""
     used = options_used(parts)
     if used <= {NONE}:
         return NO_CHECKPOINTING
@@ -55,9 +79,9 @@ def exact_checkpointing(parts: tuple[Chunk, ...]) -> dict[str, str] | None:
         return PER_OP_CHECKPOINTING
     if used == {NONE, FULL}:
         # Counts, not places: within a chunk, which layers are whole prices the same.
-        wanted = [(len(c.options), c.count(FULL)) for c in parts]
-        for n in range(2, max(size for size, _ in wanted) + 1):
-            if all(-(-size // n) == k for size, k in wanted):
+        wanted = [c.count(FULL) for c in parts]
+        for n in range(2, _per_rank(parts) + 1):
+            if _every_counts(parts, n) == wanted:
                 return every(n)
     return None
 
@@ -75,9 +99,10 @@ def stated_checkpointing(setting: StatedRecompute) -> tuple[dict[str, str], str]
 def candidates(parts: tuple[Chunk, ...], ctx: PricingContext, layout: Layout) -> list[Setting]:
     """Every checkpointing torchtitan states at the plan's layout, as ``--recompute
     stated`` weighs them (core.recompute.stated_settings), in its order."""
-    sizes = [len(c.options) for c in parts]
+    sizes, stages = layer_shape(parts)
     return [
-        Setting(*stated_checkpointing(s), s.per_layer(sizes)) for s in stated_settings(ctx, layout)
+        Setting(*stated_checkpointing(s), s.per_layer(sizes, stages))
+        for s in stated_settings(ctx, layout)
     ]
 
 
@@ -92,7 +117,14 @@ def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
             "the per-op policy on every layer",
             per_layer(parts, lambda c, i: PER_OP),
         )
-    n = min(len(c.options) // k for c in parts if (k := len(c.options) - c.count(NONE)))
+    # The sparsest that wraps at least as many layers as the plan recomputes in each chunk
+    # (n = 1, every layer, always does).
+    planned = [len(c.options) - c.count(NONE) for c in parts]
+    n = next(
+        n
+        for n in range(_per_rank(parts), 0, -1)
+        if all(w >= k for w, k in zip(_every_counts(parts, n), planned, strict=True))
+    )
     return Setting(every(n), _every_words(n), _every_options(parts, n))
 
 
