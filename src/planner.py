@@ -389,6 +389,12 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
             f"zero({layout.zero}) with pp({layout.pp}): {fw.name} runs pipeline stages with "
             f"ZeRO {fw.max_zero_with_pipeline} at most; lower --zero or use --pp 1"
         )
+    if fw.fsdp_with_cp and layout.cp > 1 and layout.zero < 3:
+        raise InvalidInputError(
+            f"zero({layout.zero}) with cp({layout.cp}): {fw.name} shards the parameters over "
+            "the data-parallel and context-parallel ranks (FSDP) whenever cp > 1; use --zero 3 "
+            "or --cp 1"
+        )
     if layout.recompute == "selective" and not fw.selective:
         raise InvalidInputError(selective_not_offered(fw.name))
     if layout.cp > 1 and ctx.settings.cp_kind == "all_to_all":

@@ -105,6 +105,9 @@ class FrameworkTraits:
     max_zero_with_pipeline: int = 3
     """The highest ZeRO stage it runs beside pipeline stages (DeepSpeed's pipeline engine
     asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)."""
+    fsdp_with_cp: bool = False
+    """Context parallelism always runs under FSDP over the data-parallel and CP ranks
+    (torchtitan enables FSDP whenever cp > 1), so ZeRO-3 is its only stage there."""
     stated_recompute: str = STATED_PER_STAGE
     """How its config states recompute, which ``--recompute stated`` keeps to:
     ``STATED_PER_STAGE``, counts of layers per stage (or chunk) that recompute whole or
@@ -236,6 +239,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         activation_offload=False,
         deduplicated_dispatch=True,
         sequence_parallel=(True,),
+        fsdp_with_cp=True,
         stated_recompute=STATED_EVERY_NTH,
     ),
     "mindformers": FrameworkTraits(

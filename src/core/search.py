@@ -460,6 +460,9 @@ def enumerate_candidates(
                                     if pp > 1 and zero > fw.max_zero_with_pipeline:
                                         refuse("zero_not_with_pipeline", pp=pp, zero=zero)
                                         continue
+                                    if fw.fsdp_with_cp and cp > 1 and zero < 3:
+                                        refuse("cp_needs_fsdp", cp=cp, zero=zero)
+                                        continue
                                     if one_replica and zero != single_zero:
                                         # Sharding over one replica is no sharding: every
                                         # ZeRO stage is the same layout, so rank it once.

@@ -664,6 +664,25 @@ def test_deepspeed_runs_pipeline_stages_with_zero_1_at_most(capsys) -> None:
     assert all(p["layout"]["zero"] <= 1 for p in doc["plans"] if p["layout"]["pp"] > 1)
 
 
+def test_torchtitan_runs_context_parallelism_under_fsdp_only(capsys) -> None:
+    """torchtitan enables FSDP over the data-parallel and CP ranks whenever cp > 1, so a
+    CP layout without ZeRO-3 is not one it runs (it was ranked, and its exported config
+    read back as another layout)."""
+    argv = (*SIXTEEN[:10], "--framework", "torchtitan")
+    code, out, err = invoke(capsys, "estimate", *argv, "--zero", "0", "--cp", "2")
+    assert code == 3 and out == ""
+    assert (
+        "zero(0) with cp(2): torchtitan shards the parameters over the data-parallel and "
+        "context-parallel ranks (FSDP) whenever cp > 1; use --zero 3 or --cp 1" in error_line(err)
+    )
+    code, out, err = invoke(capsys, "search", *argv, "-j", "1", "--json", "-t", "20")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["summary"]["refused"]["cp_needs_fsdp"] > 0
+    assert any(p["layout"]["cp"] > 1 for p in doc["plans"])
+    assert all(p["layout"]["zero"] == 3 for p in doc["plans"] if p["layout"]["cp"] > 1)
+
+
 def test_a_listed_vpp_runs_one_slot_short_and_the_best_plan_says_how_to_place_it(
     capsys,
 ) -> None:

@@ -63,6 +63,10 @@ def test_torchtitan_with_one_replica_leaves_the_zero_stage_to_the_search() -> No
     two = titan(one.replace("tensor_parallel_degree = 8", "tensor_parallel_degree = 4")
                 + "data_parallel_shard_degree = 2\n")  # fmt: skip
     assert two.degrees["zero"] == 3
+    # With context parallelism torchtitan shards over the CP ranks whatever the shard degree.
+    cp = titan(one.replace("tensor_parallel_degree = 8", "tensor_parallel_degree = 4")
+               + "data_parallel_shard_degree = 1\ncontext_parallel_degree = 2\n")  # fmt: skip
+    assert cp.degrees["zero"] == 3 and cp.degrees["cp"] == 2
 
 
 def test_torchtitan_defaults_fsdp_over_the_rest_and_leaves_unstated_choices_free() -> None:

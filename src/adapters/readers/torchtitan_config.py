@@ -53,8 +53,10 @@ def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -
     else:
         shard = positive(shard, "parallelism.data_parallel_shard_degree", where)
         degrees["dp"] = replicate * shard
-        if replicate * shard > 1 or degrees["cp"] > 1:
-            degrees["zero"] = 3 if shard > 1 else 0
+        if shard > 1 or degrees["cp"] > 1:
+            degrees["zero"] = 3  # torchtitan shards over the dp_shard × cp ranks
+        elif replicate > 1:
+            degrees["zero"] = 0
         # else one replica: no stage shards anything, so the search's own stands for it
         if replicate > 1 and shard > 1:
             result.notes.append(
