@@ -210,11 +210,17 @@ def stated_settings(ctx: PricingContext, layout: Layout) -> tuple[StatedRecomput
             out.extend(StatedRecompute(OFFLOAD, first=n) for n in range(1, longest))
             out.append(StatedRecompute(OFFLOAD))
     elif fw.stated_recompute == STATED_EVERY_NTH:
-        held: dict[int, int] = {}  # decoder layers per stage
-        for size, stage in zip(layer_counts(ctx.model, layout), chunk_stages(layout), strict=True):
-            held[stage] = held.get(stage, 0) + size
-        out.extend(StatedRecompute(FULL, every=n) for n in range(2, max(held.values()) + 1))
+        most = most_per_stage(layer_counts(ctx.model, layout), chunk_stages(layout))
+        out.extend(StatedRecompute(FULL, every=n) for n in range(2, most + 1))
     return tuple(out)
+
+
+def most_per_stage(chunk_sizes: Sequence[int], chunk_stages: Sequence[int]) -> int:
+    """The most decoder layers one pipeline stage holds over its chunks."""
+    held: dict[int, int] = {}
+    for size, stage in zip(chunk_sizes, chunk_stages, strict=True):
+        held[stage] = held.get(stage, 0) + size
+    return max(held.values())
 
 
 def chunk_stages(layout: Layout) -> tuple[int, ...]:

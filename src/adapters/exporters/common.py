@@ -7,13 +7,15 @@ it can write the plan exactly where its framework can and say where it cannot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ndplan.core.context import PricingContext, chunk_stage, layer_counts
 from ndplan.core.frameworks import OFFLOAD
+from ndplan.core.layout import Layout
 from ndplan.core.plan import Plan
 from ndplan.core.ports import PerLayerPricer, StandIn
-from ndplan.core.recompute import FULL, NONE
+from ndplan.core.recompute import FULL, NONE, StatedRecompute, stated_settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,39 @@ def stand_in(
         ),
         StandIn(setting.description, priced),
     )
+
+
+def stated_candidates(
+    parts: tuple[Chunk, ...],
+    ctx: PricingContext,
+    layout: Layout,
+    describe: Callable[[StatedRecompute], tuple[object, str]],
+) -> list[Setting]:
+    """Every recompute setting the framework states at the plan's layout, as ``--recompute
+    stated`` weighs them (core.recompute.stated_settings), in its order; ``describe``
+    gives a setting's config entries and words."""
+    sizes, stages = layer_shape(parts)
+    return [Setting(*describe(s), s.per_layer(sizes, stages)) for s in stated_settings(ctx, layout)]
+
+
+def written_recompute(
+    framework: str,
+    what: str,
+    parts: tuple[Chunk, ...],
+    plan: Plan,
+    exact: object | None,
+    candidates: Callable[[], list[Setting]],
+    safe: Callable[[tuple[Chunk, ...]], Setting],
+    price: PerLayerPricer | None,
+) -> tuple[object, list[str], StandIn | None]:
+    """A framework's recompute entries for the plan: ``exact`` where its config states the
+    plan's choice; else the stand-in (``stand_in``), its caveat and its price. The
+    candidates are listed only with a pricer to weigh them."""
+    if exact is not None:
+        return exact, [], None
+    weighed = candidates() if price is not None else []
+    setting, caveat, priced = stand_in(framework, what, parts, plan, weighed, safe(parts), price)
+    return setting.settings, [caveat], priced
 
 
 def _cost(plan: Plan, priced: Plan) -> str:

@@ -15,19 +15,19 @@ from ndplan.core.memory import fp8_primary_weights
 from ndplan.core.model import ModelSpec
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, PerLayerPricer, StandIn
-from ndplan.core.recompute import FULL, NONE, StatedRecompute, stated_settings
+from ndplan.core.recompute import FULL, NONE, StatedRecompute
 
 from .common import (
     OFFLOAD,
     Chunk,
     Setting,
     chunks,
-    layer_shape,
     options_used,
     per_layer,
-    stand_in,
+    stated_candidates,
     summary_lines,
     switches,
+    written_recompute,
 )
 
 MODULES = {
@@ -125,13 +125,9 @@ def stated_args(setting: StatedRecompute, longest: int) -> tuple[list[str], str]
 
 
 def candidates(parts: tuple[Chunk, ...], ctx: PricingContext, layout: Layout) -> list[Setting]:
-    """Every recompute setting Megatron states at the plan's layout, as ``--recompute
-    stated`` weighs them (core.recompute.stated_settings), in its order."""
-    sizes, stages = layer_shape(parts)
-    return [
-        Setting(*stated_args(s, max(sizes)), s.per_layer(sizes, stages))
-        for s in stated_settings(ctx, layout)
-    ]
+    """Every recompute setting Megatron states at the plan's layout, in words and args."""
+    longest = max(len(c.options) for c in parts)
+    return stated_candidates(parts, ctx, layout, lambda s: stated_args(s, longest))
 
 
 def _first_words(n: int, what: str) -> str:
@@ -169,19 +165,17 @@ def recompute_args(
 ) -> tuple[list[str], list[str], StandIn | None]:
     """Megatron's recompute arguments for the plan, a caveat where they cannot state its
     per-layer choice, and the setting written priced (``stand_in``)."""
-    exact = exact_args(parts)
-    if exact is not None:
-        return exact, [], None
-    setting, caveat, priced = stand_in(
+    args, caveats, priced = written_recompute(
         "megatron",
         "Megatron's arguments",
         parts,
         plan,
-        candidates(parts, ctx, plan.layout) if price is not None else [],
-        memory_safe(parts),
+        exact_args(parts),
+        lambda: candidates(parts, ctx, plan.layout),
+        memory_safe,
         price,
     )
-    return list(setting.settings), [caveat], priced
+    return list(args), caveats, priced
 
 
 class MegatronExporter:

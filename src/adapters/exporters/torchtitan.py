@@ -9,7 +9,7 @@ from ndplan.core.context import PricingContext
 from ndplan.core.layout import Layout
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, PerLayerPricer, StandIn
-from ndplan.core.recompute import FULL, NONE, StatedRecompute, every_nth, stated_settings
+from ndplan.core.recompute import FULL, NONE, StatedRecompute, every_nth, most_per_stage
 
 from .common import (
     Chunk,
@@ -18,8 +18,9 @@ from .common import (
     layer_shape,
     options_used,
     per_layer,
-    stand_in,
+    stated_candidates,
     summary_lines,
+    written_recompute,
 )
 
 SCHEDULES = {
@@ -59,10 +60,7 @@ def _every_options(parts: tuple[Chunk, ...], n: int) -> tuple[str, ...]:
 
 def _per_rank(parts: tuple[Chunk, ...]) -> int:
     """The most decoder layers one rank holds."""
-    held: dict[int, int] = {}
-    for c in parts:
-        held[c.stage] = held.get(c.stage, 0) + len(c.options)
-    return max(held.values())
+    return most_per_stage(*layer_shape(parts))
 
 
 def exact_checkpointing(parts: tuple[Chunk, ...]) -> dict[str, str] | None:
@@ -97,13 +95,8 @@ def stated_checkpointing(setting: StatedRecompute) -> tuple[dict[str, str], str]
 
 
 def candidates(parts: tuple[Chunk, ...], ctx: PricingContext, layout: Layout) -> list[Setting]:
-    """Every checkpointing torchtitan states at the plan's layout, as ``--recompute
-    stated`` weighs them (core.recompute.stated_settings), in its order."""
-    sizes, stages = layer_shape(parts)
-    return [
-        Setting(*stated_checkpointing(s), s.per_layer(sizes, stages))
-        for s in stated_settings(ctx, layout)
-    ]
+    """Every checkpointing torchtitan states at the plan's layout, in words and TOML."""
+    return stated_candidates(parts, ctx, layout, stated_checkpointing)
 
 
 def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
@@ -133,19 +126,17 @@ def checkpoint_settings(
 ) -> tuple[dict[str, str], list[str], StandIn | None]:
     """torchtitan's ``[activation_checkpoint]`` for the plan, a caveat where it cannot
     state its per-layer choice, and the setting written priced (``stand_in``)."""
-    exact = exact_checkpointing(parts)
-    if exact is not None:
-        return exact, [], None
-    setting, caveat, priced = stand_in(
+    settings, caveats, priced = written_recompute(
         "torchtitan",
         "torchtitan's activation_checkpoint",
         parts,
         plan,
-        candidates(parts, ctx, plan.layout) if price is not None else [],
-        memory_safe(parts),
+        exact_checkpointing(parts),
+        lambda: candidates(parts, ctx, plan.layout),
+        memory_safe,
         price,
     )
-    return dict(setting.settings), [caveat], priced
+    return dict(settings), caveats, priced
 
 
 def model_parts(parts: tuple[Chunk, ...]) -> list[list[str]]:
