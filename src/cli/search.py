@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 from rich.text import Text
 
+from ndplan.adapters.readers.deepspeed_config import deepspeed_refusal, is_deepspeed
 from ndplan.adapters.readers.launch import LaunchLayout, Problem
 from ndplan.adapters.readers.megatron_args import (
     arguments_from_mapping,
@@ -986,7 +987,7 @@ def baseline_values(
             )
         where = f"--baseline {text}"
         content = read_text_file(path, "baseline")  # read once, parsed once
-        suffix = path.suffix.lower()
+        suffix = config_suffix(path.suffix.lower(), content)
         script = suffix not in (".toml", *YAML_SUFFIXES) and looks_like_megatron_args(content)
         parsed = None if script or suffix == ".toml" else parse_yaml(content, str(path))
         launch = launch_layout(suffix, content, parsed, where, ctx)
@@ -1070,6 +1071,24 @@ def split_warning(text: str, split: tuple[int, ...] | None, result: SearchResult
 
 
 YAML_SUFFIXES = (".json", ".yaml", ".yml")
+TORCHTITAN_SECTIONS = ("job", "model", "parallelism", "training", "activation_checkpoint")
+
+
+def config_suffix(suffix: str, text: str) -> str:
+    """A baseline file's format: its suffix where that names one, else what its content
+    is (``plan.out``, ``job.cfg``): a torchtitan TOML, or a MindFormers or DeepSpeed
+    mapping, whose keys would otherwise pass for Megatron's argparse names."""
+    if suffix in (".toml", *YAML_SUFFIXES):
+        return suffix
+    with contextlib.suppress(tomllib.TOMLDecodeError):
+        config = tomllib.loads(text)
+        if any(isinstance(config.get(name), dict) for name in TORCHTITAN_SECTIONS):
+            return ".toml"
+    with contextlib.suppress(yaml.YAMLError):
+        data = yaml.safe_load(text)
+        if is_mindformers(data) or is_deepspeed(data):
+            return ".yaml"
+    return suffix
 
 
 def launch_layout(
@@ -1078,7 +1097,8 @@ def launch_layout(
     """The layout a framework's launch config states — a torchtitan TOML, a MindFormers
     YAML, Megatron-LM arguments (a JSON/YAML of its args, ``parsed``, or a script of
     ``--flags``, ``text``) — with a note on what the ranking cannot reproduce; None for
-    ndplan's own files."""
+    ndplan's own files. A DeepSpeed JSON, which states no TP or PP, is one line naming
+    what it states."""
     problem = Problem(
         num_layers=ctx.model.num_layers,
         is_moe=ctx.model.is_moe,
@@ -1092,8 +1112,10 @@ def launch_layout(
         except tomllib.TOMLDecodeError as exc:
             raise InvalidInputError(f"{where}: not TOML ({exc})") from None
         read = torchtitan_layout(config, where, problem)
-    elif suffix in YAML_SUFFIXES and is_mindformers(parsed):
+    elif is_mindformers(parsed):
         read = mindformers_layout(parsed, where, problem)
+    elif is_deepspeed(parsed):
+        raise deepspeed_refusal(parsed, where, problem)
     elif parsed is not None and not (suffix in YAML_SUFFIXES and isinstance(parsed, dict)):
         return None  # ndplan's own degrees, or not a mapping at all
     elif looks_like_megatron_args(text):

@@ -282,6 +282,51 @@ def test_framework_configs_read_back_as_the_same_layout(
     assert baseline["plan"]["layout"] == best["layout"]
 
 
+@pytest.mark.parametrize("framework", ["torchtitan", "mindformers"])
+def test_framework_configs_read_back_whatever_their_names(
+    capsys, tmp_path: Path, framework: str
+) -> None:
+    """A config saved under a name that says nothing of its format (plan.out) is read by
+    what it holds: torchtitan's TOML and MindFormers' YAML, whose keys (micro_batch_size,
+    ...) would otherwise pass for Megatron's argparse names."""
+    target = tmp_path / "plan.out"
+    flags = (*TIGHT, "--framework", framework, "--recompute", "full")
+    code, out, err = invoke(
+        capsys, "search", *flags, "--json", "--export", framework, "--out", str(target)
+    )
+    assert code == 0, err
+    best = json.loads(out)["plans"][0]
+    code, out, err = invoke(capsys, "search", *flags, "--json", "--baseline", str(target))
+    assert code == 0, err
+    baseline = json.loads(out)["baseline"]
+    assert baseline["rank"] == 1 and baseline["gap"] == 0.0
+    assert baseline["plan"]["layout"] == best["layout"]
+
+
+@pytest.mark.parametrize("name", ["ds_config.json", "ds_config"])
+def test_a_deepspeed_config_as_baseline_names_what_it_states_and_what_to_add(
+    capsys, tmp_path: Path, name: str
+) -> None:
+    """DeepSpeed takes TP and PP from the model code, so its JSON cannot place a layout:
+    one line (exit 3) with the degrees it does state, as the plan exported it, and the
+    --baseline that adds the rest."""
+    target = tmp_path / name
+    flags = (*PROBLEM, "--framework", "deepspeed")
+    code, out, err = invoke(
+        capsys, "search", *flags, "--json", "--export", "deepspeed", "--out", str(target)
+    )
+    assert code == 0, err
+    lay = json.loads(out)["plans"][0]["layout"]
+    code, out, err = invoke(capsys, "search", *flags, "--baseline", str(target))
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    stated = f"dp={lay['dp']},mbs={lay['mbs']},zero={lay['zero']}"
+    assert err.strip().splitlines()[-1] == (
+        f"ndplan: error: --baseline {target}: a DeepSpeed config states {stated} but not TP "
+        f"or PP, which DeepSpeed takes from the model code; give them too: --baseline "
+        f"tp=TP,pp=PP,{stated}"
+    )
+
+
 def test_an_uneven_split_reads_back_as_the_same_plan(capsys, tmp_path: Path) -> None:
     """The best torchtitan plans here place their layers with the search's balanced split:
     the ndplan format carries it, and --baseline ranks it first with no warning."""

@@ -1,6 +1,6 @@
 """Reading the layout of a torchtitan job config and of a MindFormers YAML
 (adapters/readers/torchtitan_config.py, mindformers_config.py), as ``search --baseline``
-does. The round trip through ``--export`` is tested in tests/cli/test_export_cli.py."""
+does, and what a DeepSpeed JSON states (deepspeed_config.py). The round trip through ``--export`` is tested in tests/cli/test_export_cli.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import yaml
 
+from ndplan.adapters.readers.deepspeed_config import deepspeed_refusal, is_deepspeed
 from ndplan.adapters.readers.launch import Problem
 from ndplan.adapters.readers.mindformers_config import is_mindformers, mindformers_layout
 from ndplan.adapters.readers.torchtitan_config import torchtitan_layout
@@ -187,3 +188,46 @@ def test_bad_mindformers_values_are_one_line(change: dict, message: str) -> None
     data = yaml.safe_load(MINDFORMERS) | change
     with pytest.raises(InvalidInputError, match=message):
         mindformers_layout(data, "f.yaml", PROBLEM)
+
+
+DEEPSPEED = {
+    "train_batch_size": 64,
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 4,
+    "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "stated"),
+    [
+        ({}, "dp=8,mbs=2,offload_optimizer=true,zero=3"),
+        # Without the accumulation steps the batch does not give the data-parallel degree.
+        ({"gradient_accumulation_steps": None}, "mbs=2,offload_optimizer=true,zero=3"),
+        # No zero_optimization section: DeepSpeed runs without ZeRO.
+        ({"zero_optimization": None}, "dp=8,mbs=2,zero=0"),
+        # "auto" (the HF Trainer's integration fills it in) states nothing.
+        ({"train_micro_batch_size_per_gpu": "auto"}, "offload_optimizer=true,zero=3"),
+    ],
+)
+def test_a_deepspeed_config_is_refused_naming_what_it_states(change: dict, stated: str) -> None:
+    data = {k: v for k, v in (DEEPSPEED | change).items() if v is not None}
+    assert is_deepspeed(data) and not is_mindformers(data)
+    message = str(deepspeed_refusal(data, "ds.json", PROBLEM))
+    assert message == (
+        f"ds.json: a DeepSpeed config states {stated} but not TP or PP, which DeepSpeed takes "
+        f"from the model code; give them too: --baseline tp=TP,pp=PP,{stated}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"train_batch_size": 128}, "train_batch_size 128 differs from the search's --gbs 64"),
+        ({"zero_optimization": {"stage": 4}}, r"zero_optimization.stage 4: expected 0, 1, 2 or 3"),
+        ({"train_micro_batch_size_per_gpu": 0}, "train_micro_batch_size_per_gpu 0"),
+    ],
+)
+def test_bad_deepspeed_values_are_one_line(change: dict, message: str) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        deepspeed_refusal(DEEPSPEED | change, "ds.json", PROBLEM)
