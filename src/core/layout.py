@@ -11,6 +11,20 @@ from pydantic import Field, model_validator
 from .base import Degree, Frozen, NonNegativeInt, PositiveInt
 from .errors import InvalidInputError
 
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending."""
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i != n // i:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
 Schedule = Literal["1f1b", "interleaved", "gpipe", "dualpipev"]
 RecomputePolicy = Literal["none", "selective", "full", "auto", "stated"]
 """``auto``: each layer's option chosen by the per-stage knapsack; ``stated``: the fastest
@@ -122,6 +136,11 @@ class Layout(Frozen):
                 f"vpp({self.vpp}) > 1 needs schedule 'interleaved', not '{self.schedule}'"
             )
         if self.schedule == "interleaved" and self.pp == 1:
+            if self.vpp > 1:  # the schedule followed from vpp: name what the user gave
+                raise ValueError(
+                    f"vpp({self.vpp}) > 1 needs pp > 1 (virtual stages split pipeline "
+                    "stages into chunks); give pp 2 or more, or vpp 1"
+                )
             raise ValueError("schedule 'interleaved' needs pp > 1")
         if self.schedule == "interleaved" and self.vpp == 1:
             raise ValueError("schedule 'interleaved' needs vpp > 1 (with vpp 1 it is plain 1f1b)")
@@ -308,11 +327,14 @@ def check_layout(
         )
     if heads % lay.tp:
         raise InvalidInputError(
-            f"tp({lay.tp}) does not divide the attention heads({heads}); choose a divisor"
+            f"tp({lay.tp}) does not divide the attention heads({heads}); choose one that "
+            f"does: {_listed(divisors(heads))}"
         )
     if kv_heads % lay.tp and lay.tp % kv_heads:
         raise InvalidInputError(
-            f"tp({lay.tp}) and the key/value heads({kv_heads}) do not divide one another; choose a divisor"
+            f"tp({lay.tp}) and the key/value heads({kv_heads}) do not divide one another; "
+            "choose one of "
+            + _listed([t for t in divisors(heads) if kv_heads % t == 0 or t % kv_heads == 0])
         )
     if lay.cp > 1 and seq_len % (2 * lay.cp):
         # Megatron's load-balanced ring cuts each sequence into 2·cp chunks; the search
@@ -340,7 +362,8 @@ def check_layout(
     if num_experts is not None:
         if num_experts % lay.ep:
             raise InvalidInputError(
-                f"ep({lay.ep}) does not divide the routed experts({num_experts})"
+                f"ep({lay.ep}) does not divide the routed experts({num_experts}); choose one "
+                f"that does: {_listed(divisors(num_experts))}"
             )
         group = lay.dp * lay.cp * lay.tp
         if group % (lay.ep * lay.expert_tp):
@@ -391,3 +414,9 @@ def _etp_fix(lay: Layout, group: int) -> str:
         return ""
     fitting = [etp for etp in range(lay.expert_tp, 0, -1) if group % (lay.ep * etp) == 0]
     return f"; give --etp {fitting[0]} (expert TP follows tp={lay.tp} unless stated)"
+
+
+def _listed(values: list[int], most: int = 12) -> str:
+    """Choices for an error line, the first ``most`` of a long list."""
+    shown = ", ".join(map(str, values[:most]))
+    return shown + (", …" if len(values) > most else "")

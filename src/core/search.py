@@ -46,6 +46,7 @@ from .layout import (
     Layout,
     SearchSpace,
     dense_etp_error,
+    divisors,
     free_etp,
     heads_split,
     layers_per_chunk_text,
@@ -196,18 +197,6 @@ def tie_key(c: Candidate) -> tuple[int, ...]:
     """The fixed order of degrees that breaks ranking ties."""
     tp, pp, cp, dp, ep, etp, vpp, mbs, _m, zero, sp, offload, rec, sched, split = c
     return (tp, pp, cp, ep, etp, vpp, dp, mbs, zero, sp, offload, rec, sched, split)
-
-
-def divisors(n: int) -> list[int]:
-    small, large = [], []
-    i = 1
-    while i * i <= n:
-        if n % i == 0:
-            small.append(i)
-            if i != n // i:
-                large.append(n // i)
-        i += 1
-    return small + large[::-1]
 
 
 # ----------------------------------------------------------------------------- enumeration

@@ -246,6 +246,11 @@ def test_model_validators_name_the_offending_fields() -> None:
         small_model(kinds=(dense_kind(), dense_kind("other")))
     with pytest.raises(ValidationError, match=r"vpp\(2\) > 1 needs schedule 'interleaved'"):
         Layout(pp=2, vpp=2)
+    # VPP without PP: the interleaved schedule was not asked for, so the error names VPP.
+    with pytest.raises(ValidationError, match=r"vpp\(3\) > 1 needs pp > 1 .* or vpp 1"):
+        Layout(pp=1, vpp=3, schedule="interleaved")
+    with pytest.raises(ValidationError, match=r"schedule 'interleaved' needs vpp > 1"):
+        Layout(pp=2, vpp=1, schedule="interleaved")
 
 
 # --------------------------------------------------------------- cross-field checks
@@ -271,12 +276,18 @@ def test_a_global_batch_mismatch_prints_the_arithmetic() -> None:
 
 def test_tp_must_divide_the_heads() -> None:
     message = error_of(Layout(tp=8, dp=1, num_microbatches=16), heads=36)
-    assert message == "tp(8) does not divide the attention heads(36); choose a divisor"
+    assert message == (
+        "tp(8) does not divide the attention heads(36); choose one that does: "
+        "1, 2, 3, 4, 6, 9, 12, 18, 36"
+    )
 
 
 def test_tp_and_the_kv_heads_must_divide_one_another() -> None:
     message = error_of(Layout(tp=8, dp=1, num_microbatches=16), heads=48, kv_heads=12)
-    assert "tp(8) and the key/value heads(12) do not divide one another" in message
+    assert message == (
+        "tp(8) and the key/value heads(12) do not divide one another; choose one of "
+        "1, 2, 3, 4, 6, 12, 24, 48"
+    )
     # Either direction is fine: tp 8 over 4 kv heads replicates them.
     check(Layout(tp=8, dp=1, num_microbatches=16), kv_heads=4)
 
@@ -294,7 +305,9 @@ def test_cp_must_divide_the_sequence() -> None:
 
 def test_ep_must_divide_the_experts() -> None:
     message = error_of(Layout(dp=8, ep=3, num_microbatches=2), num_experts=64)
-    assert message == "ep(3) does not divide the routed experts(64)"
+    assert message == (
+        "ep(3) does not divide the routed experts(64); choose one that does: 1, 2, 4, 8, 16, 32, 64"
+    )
 
 
 def test_ep_times_etp_must_divide_the_data_parallel_devices() -> None:
