@@ -987,9 +987,12 @@ def baseline_values(
             )
         where = f"--baseline {text}"
         content = read_text_file(path, "baseline")  # read once, parsed once
-        suffix = config_suffix(path.suffix.lower(), content)
+        suffix, parsed = config_format(path.suffix.lower(), content)
         script = suffix not in (".toml", *YAML_SUFFIXES) and looks_like_megatron_args(content)
-        parsed = None if script or suffix == ".toml" else parse_yaml(content, str(path))
+        if parsed is None and not script:
+            parsed = (
+                toml_of(content, where) if suffix == ".toml" else parse_yaml(content, str(path))
+            )
         launch = launch_layout(suffix, content, parsed, where, ctx)
         if launch is not None:
             data, split = launch.degrees, launch.split
@@ -1074,29 +1077,37 @@ YAML_SUFFIXES = (".json", ".yaml", ".yml")
 TORCHTITAN_SECTIONS = ("job", "model", "parallelism", "training", "activation_checkpoint")
 
 
-def config_suffix(suffix: str, text: str) -> str:
+def config_format(suffix: str, text: str) -> tuple[str, Any]:
     """A baseline file's format: its suffix where that names one, else what its content
     is (``plan.out``, ``job.cfg``): a torchtitan TOML, or a MindFormers or DeepSpeed
-    mapping, whose keys would otherwise pass for Megatron's argparse names."""
+    mapping, whose keys would otherwise pass for Megatron's argparse names. With the
+    content parsed where telling its format took that (else None), so it is parsed once."""
     if suffix in (".toml", *YAML_SUFFIXES):
-        return suffix
+        return suffix, None
     with contextlib.suppress(tomllib.TOMLDecodeError):
         config = tomllib.loads(text)
         if any(isinstance(config.get(name), dict) for name in TORCHTITAN_SECTIONS):
-            return ".toml"
+            return ".toml", config
     with contextlib.suppress(yaml.YAMLError):
         data = yaml.safe_load(text)
         if is_mindformers(data) or is_deepspeed(data):
-            return ".yaml"
-    return suffix
+            return ".yaml", data
+    return suffix, None
+
+
+def toml_of(text: str, where: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInputError(f"{where}: not TOML ({exc})") from None
 
 
 def launch_layout(
     suffix: str, text: str, parsed: Any, where: str, ctx: PricingContext
 ) -> LaunchLayout | None:
     """The layout a framework's launch config states — a torchtitan TOML, a MindFormers
-    YAML, Megatron-LM arguments (a JSON/YAML of its args, ``parsed``, or a script of
-    ``--flags``, ``text``) — with a note on what the ranking cannot reproduce; None for
+    YAML, Megatron-LM arguments (a JSON/YAML of its args or a script of ``--flags``,
+    ``text``; ``parsed`` is the file's TOML or YAML, None for a script) — with a note on what the ranking cannot reproduce; None for
     ndplan's own files. A DeepSpeed JSON, which states no TP or PP, is one line naming
     what it states."""
     problem = Problem(
@@ -1107,11 +1118,7 @@ def launch_layout(
         framework=ctx.framework.name,
     )
     if suffix == ".toml":
-        try:
-            config = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise InvalidInputError(f"{where}: not TOML ({exc})") from None
-        read = torchtitan_layout(config, where, problem)
+        read = torchtitan_layout(parsed, where, problem)
     elif is_mindformers(parsed):
         read = mindformers_layout(parsed, where, problem)
     elif is_deepspeed(parsed):
