@@ -987,7 +987,7 @@ def baseline_values(
             )
         where = f"--baseline {text}"
         content = read_text_file(path, "baseline")  # read once, parsed once
-        suffix, parsed = config_format(path.suffix.lower(), content)
+        suffix, parsed = config_format(path.suffix.lower(), content, str(path))
         script = suffix not in (".toml", *YAML_SUFFIXES) and looks_like_megatron_args(content)
         if parsed is None and not script:
             parsed = (
@@ -1077,20 +1077,22 @@ YAML_SUFFIXES = (".json", ".yaml", ".yml")
 TORCHTITAN_SECTIONS = ("job", "model", "parallelism", "training", "activation_checkpoint")
 
 
-def config_format(suffix: str, text: str) -> tuple[str, Any]:
+def config_format(suffix: str, text: str, origin: str) -> tuple[str, Any]:
     """A baseline file's format: its suffix where that names one, else what its content
-    is (``plan.out``, ``job.cfg``): a torchtitan TOML, or a MindFormers or DeepSpeed
-    mapping, whose keys would otherwise pass for Megatron's argparse names. With the
-    content parsed where telling its format took that (else None), so it is parsed once."""
+    is (``plan.out``, ``job.cfg``): a torchtitan TOML, or a YAML/JSON mapping (MindFormers,
+    DeepSpeed, Megatron's arguments by name, ndplan's own degrees), read as the same file
+    named ``.yaml`` would be — a TOML's or mapping's keys would otherwise pass for
+    Megatron's argparse names in a script. With the content parsed where telling its
+    format took that (else None), so it is parsed once."""
     if suffix in (".toml", *YAML_SUFFIXES):
         return suffix, None
     with contextlib.suppress(tomllib.TOMLDecodeError):
         config = tomllib.loads(text)
         if any(isinstance(config.get(name), dict) for name in TORCHTITAN_SECTIONS):
             return ".toml", config
-    with contextlib.suppress(yaml.YAMLError):
-        data = yaml.safe_load(text)
-        if is_mindformers(data) or is_deepspeed(data):
+    with contextlib.suppress(InvalidInputError):
+        data = parse_yaml(text, origin)
+        if isinstance(data, dict):
             return ".yaml", data
     return suffix, None
 
@@ -1107,9 +1109,9 @@ def launch_layout(
 ) -> LaunchLayout | None:
     """The layout a framework's launch config states — a torchtitan TOML, a MindFormers
     YAML, Megatron-LM arguments (a JSON/YAML of its args or a script of ``--flags``,
-    ``text``; ``parsed`` is the file's TOML or YAML, None for a script) — with a note on what the ranking cannot reproduce; None for
-    ndplan's own files. A DeepSpeed JSON, which states no TP or PP, is one line naming
-    what it states."""
+    ``text``; ``parsed`` is the file's TOML or YAML, None for a script) — with a note on
+    what the ranking cannot reproduce; None for ndplan's own files. A DeepSpeed JSON,
+    which states no TP or PP, is one line naming what it states."""
     problem = Problem(
         num_layers=ctx.model.num_layers,
         is_moe=ctx.model.is_moe,

@@ -1107,6 +1107,22 @@ def test_a_baseline_file_takes_a_plan_as_estimate_prints_it(capsys, tmp_path: Pa
     assert placed["rank"] > 3
 
 
+@pytest.mark.parametrize("name", ["args.yaml", "args.out"])
+def test_megatron_arguments_by_name_are_a_baseline_whatever_the_file_is_named(
+    capsys, tmp_path: Path, name: str
+) -> None:
+    """Megatron's arguments as a mapping of their argparse names (a launcher's dump of
+    them) place that layout, under a name that says nothing of the format as under .yaml."""
+    target = tmp_path / name
+    target.write_text(
+        "tensor_model_parallel_size: 4\npipeline_model_parallel_size: 2\nmicro_batch_size: 1\n",
+        encoding="utf-8",
+    )
+    placed = search_json(capsys, *SMALL, "--baseline", str(target))["baseline"]
+    lay = placed["plan"]["layout"]
+    assert (lay["tp"], lay["pp"], lay["dp"], lay["mbs"]) == (4, 2, 1, 1)
+
+
 def test_a_baseline_reads_a_layout_as_ndplan_prints_it(capsys) -> None:
     """The label the baseline line prints (tp2 pp2×2 cp1 dp2 mbs1 z1) is a baseline too: it
     places that very layout; ``pp2×?`` leaves VPP to the search as ``tp=2,pp=2`` does."""
