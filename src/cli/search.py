@@ -649,8 +649,10 @@ def search_cmd(
         Path | None,
         typer.Option(
             "--ranking-csv",
-            help="Write every kept plan, ranked, with its parts and, for an uneven "
-            "split, its layers per chunk (as estimate --layers-per-chunk takes them).",
+            help="Write every plan that fits, ranked, with its parts and, for an uneven "
+            "split, its layers per chunk (as estimate --layers-per-chunk takes them). "
+            "Every plan is priced for it (as with --exhaustive), so ranks past -t are exact "
+            "too; the search takes longer.",
             show_default=False,
         ),
     ] = None,
@@ -829,7 +831,9 @@ def search_cmd(
                     options=options,
                     executor=pool,
                     sinks=sinks,
-                    bounding=not exhaustive,
+                    # The file ranks every plan that fits: a bounded search prices only
+                    # enough to settle the top K, so the ranks past it would be wrong.
+                    bounding=not (exhaustive or ranking_out is not None),
                     collect_parts=ranking_out is not None,
                     progress=report,
                     baseline=stated,

@@ -447,6 +447,12 @@ def test_the_ranking_csv_lists_every_kept_plan_in_rank_order(capsys, tmp_path: P
     )
     assert [int(r["rank"]) for r in rows] == list(range(1, len(rows) + 1))
     assert len(rows) == data["summary"]["priced"]
+    # Every plan that fits is priced for the file (a bounded search settles only the top
+    # K, so its later ranks would be wrong): the file is the unpruned search's, whatever -t.
+    assert data["summary"]["bounded"] == 0
+    unpruned = tmp_path / "unpruned.csv"
+    search_json(capsys, *TIGHT, "--top", "7", "--exhaustive", "--ranking-csv", str(unpruned))
+    assert out.read_bytes() == unpruned.read_bytes()
     steps = [float(r["step_s"]) for r in rows]
     assert steps == sorted(steps)
     for row, plan in zip(rows, data["plans"], strict=False):
@@ -489,7 +495,7 @@ def test_debug_sinks_builtin_and_a_plugins_get_the_same_records(capsys, tmp_path
     code, out, err = invoke(
         capsys,
         *("-p", "search_sink", "search", *TIGHT, "--json", "--top", "3"),
-        *("--debug-dir", str(debug), "--ranking-csv", str(ranked)),
+        *("--debug-dir", str(debug)),
         *("--debug-sink", "csv", "--debug-sink", "jsonl", "--debug-sink", "recorder"),
     )
     assert code == 0, err
@@ -532,9 +538,13 @@ def test_debug_sinks_builtin_and_a_plugins_get_the_same_records(capsys, tmp_path
     assert all(re.fullmatch(r"over_memory \(stage \d+ by \d+\.\d\d GiB\)", r) for r in over)
     assert reasons.count("bounded") == summary["bounded"] > 0
     assert len(reasons) == sum(summary["refused"].values()) + len(over) + summary["bounded"]
-    # the priced candidates are the ranking's, with the same step times
+    # the priced candidates are in the full ranking (every plan that fits, which
+    # --ranking-csv prices), with the same step times
+    code, _, err = invoke(capsys, "search", *TIGHT, "--ranking-csv", str(ranked))
+    assert code == 0, err
     steps = {tuple(r[f] for f in FIELDS): r["step_s"] for r in read_csv(ranked)}
-    assert {tuple(r[f] for f in FIELDS): r["step"] for r in perf} == steps
+    priced = {tuple(r[f] for f in FIELDS): r["step"] for r in perf}
+    assert len(steps) > len(priced) and {key: steps[key] for key in priced} == priced
 
 
 def test_debug_dir_alone_writes_the_csv_files(capsys, tmp_path: Path) -> None:
@@ -1042,8 +1052,12 @@ def test_a_baseline_is_placed_exactly_in_the_ranking(capsys, tmp_path: Path) -> 
     plain = search_json(capsys, *TIGHT, "--top", "3")
     assert "baseline" not in plain and plain["plans"] == data["plans"]
     assert "priced_for_baseline" not in plain["summary"]
-    extra = data["summary"]["priced_for_baseline"]
-    assert data["summary"]["priced"] - extra == plain["summary"]["priced"] and extra > 0
+    # Without the CSV (which prices every plan) the search prices past the top K only as
+    # far as the baseline needs, and says how many that took.
+    bounded = search_json(capsys, *TIGHT, "--top", "3", "--baseline", "tp=2,pp=2")
+    assert bounded["baseline"] == placed and bounded["plans"] == data["plans"]
+    extra = bounded["summary"]["priced_for_baseline"]
+    assert bounded["summary"]["priced"] - extra == plain["summary"]["priced"] and extra > 0
     code, out, err = invoke(capsys, "search", *TIGHT, "--top", "3", "--baseline", "tp=2 pp=2")
     assert code == 0, err
     lines = out.splitlines()
@@ -1053,7 +1067,7 @@ def test_a_baseline_is_placed_exactly_in_the_ranking(capsys, tmp_path: Path) -> 
         f"baseline (tp=2 pp=2): {label} ranks {at + 1} ({at} layouts are faster; "
     )
     assert f"{100 * placed['gap']:+.1f} % over the best; largest difference: " in line
-    assert f" · priced {data['summary']['priced']:,} ({extra:,} to place the baseline) · " in out
+    assert f" · priced {bounded['summary']['priced']:,} ({extra:,} to place the baseline) · " in out
     # Its step-time parts beside the best plan's: the differences add up to the gap.
     title = [line.rstrip() for line in lines].index("baseline against the best, seconds per step")
     cells = {}

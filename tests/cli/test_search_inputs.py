@@ -448,6 +448,11 @@ def test_a_search_where_nothing_fits_still_records_why(capsys, tmp_path: Path) -
     ]
     over = [r for r in reasons if r.startswith("over_memory (stage ")]
     assert over and len(over) == len([r for r in reasons if r.startswith("over_memory")])
+    # Nothing was priced: the parts files hold their header (the candidate's fields), not
+    # an empty line a CSV reader cannot name columns from.
+    for name in ("debug_mem.csv", "debug_perf.csv"):
+        header = (debug / name).read_text().splitlines()
+        assert len(header) == 1 and header[0].startswith("tp,pp,cp,dp,"), name
 
 
 def test_tp_refused_by_max_tp_is_counted_under_that_bound(capsys) -> None:

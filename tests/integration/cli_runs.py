@@ -12,6 +12,8 @@ from pathlib import Path
 
 DEMO = ["-m", "llama-3-70b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "8192"]
 MOE = ["-m", "mixtral-8x7b", "-d", "h100", "-n", "64", "--gbs", "512", "-s", "4096"]
+SMALL = ["-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "32", "-s", "4096"]
+"""Small enough to rank every plan that fits (--ranking-csv) in a few seconds."""
 
 
 def default_sigint() -> None:
@@ -43,24 +45,22 @@ def ndplan(*args: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
-def search_outputs(tmp: Path, problem: list[str], *executor: str) -> dict[str, object]:
-    """A search's --json (without wall times), --ranking-csv and --debug-dir files, as bytes."""
+def search_outputs(
+    tmp: Path, problem: list[str], *executor: str, ranking: bool = False
+) -> dict[str, object]:
+    """A search's --json (without wall times) and --debug-dir files, as bytes; with
+    ``ranking``, its --ranking-csv too (which prices every plan that fits: no bounding,
+    so without it the bounded search's own records are compared)."""
     tmp.mkdir(parents=True)
-    proc = ndplan(
-        "search",
-        *problem,
-        *executor,
-        "--json",
-        "--ranking-csv",
-        str(tmp / "ranking.csv"),
-        "--debug-dir",
-        str(tmp / "debug"),
-    )
+    csv = ("--ranking-csv", str(tmp / "ranking.csv")) if ranking else ()
+    proc = ndplan("search", *problem, *executor, "--json", *csv, "--debug-dir", str(tmp / "debug"))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # stdout is exactly the JSON: no worker or Ray log lines
     assert proc.stdout == json.dumps(result, indent=2, ensure_ascii=False) + "\n"
     result["summary"].pop("seconds")
-    out: dict[str, object] = {"json": result, "ranking.csv": (tmp / "ranking.csv").read_bytes()}
+    out: dict[str, object] = {"json": result}
+    if ranking:
+        out["ranking.csv"] = (tmp / "ranking.csv").read_bytes()
     for path in sorted((tmp / "debug").iterdir()):
         out[f"debug/{path.name}"] = path.read_bytes()
     return out

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runs import DEMO, MOE, search_outputs
+from cli_runs import DEMO, MOE, SMALL, search_outputs
 
 from ndplan.adapters.executors.pool import PoolExecutor, split
 from ndplan.cli.app import run
@@ -27,15 +27,28 @@ PLUGINS = REPO / "tests" / "plugins"
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "problem",
-    [DEMO, MOE, [*MOE, "--distinct", "--baseline", "tp=2,ep=4,pp=2"]],
-    ids=["llama-3-70b", "mixtral-8x7b", "mixtral-8x7b-one-per-grid-and-a-baseline"],
+    ("problem", "ranking"),
+    [
+        (DEMO, False),
+        (MOE, False),
+        ([*MOE, "--distinct", "--baseline", "tp=2,ep=4,pp=2"], False),
+        (SMALL, True),
+    ],
+    ids=[
+        "llama-3-70b",
+        "mixtral-8x7b",
+        "mixtral-8x7b-one-per-grid-and-a-baseline",
+        "llama-3-8b-every-plan-ranked",
+    ],
 )
-def test_pool_output_is_byte_identical_to_serial(problem: list[str], tmp_path: Path) -> None:
-    serial = search_outputs(tmp_path / "serial", problem, "-j", "1")
-    pool = search_outputs(tmp_path / "pool", problem, "-j", "2")
+def test_pool_output_is_byte_identical_to_serial(
+    problem: list[str], ranking: bool, tmp_path: Path
+) -> None:
+    serial = search_outputs(tmp_path / "serial", problem, "-j", "1", ranking=ranking)
+    pool = search_outputs(tmp_path / "pool", problem, "-j", "2", ranking=ranking)
     assert set(serial) == set(pool)
     assert {"debug/debug_mem.csv", "debug/debug_perf.csv"} <= set(serial)
+    assert ("ranking.csv" in serial) == ranking
     for name in serial:
         assert pool[name] == serial[name], f"{name} differs between -j 1 and -j 2"
 

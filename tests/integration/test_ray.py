@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from cli_runs import DEMO, MOE, search_outputs
+from cli_runs import DEMO, MOE, SMALL, search_outputs
 
 from ndplan.cli.app import run
 
@@ -27,6 +27,9 @@ def test_cli_search_on_a_local_ray_instance_matches_serial(tmp_path: Path) -> No
     """The CLI starts (and stops) its own local instance; stdout is exactly the JSON."""
     serial = search_outputs(tmp_path / "serial", DEMO, "-j", "1")
     on_ray = search_outputs(tmp_path / "ray", DEMO, "--executor", "ray", "-j", "2")
+    small = [search_outputs(tmp_path / f"small-{name}", SMALL, *executor, ranking=True)
+             for name, executor in (("serial", ["-j", "1"]), ("ray", ["--executor", "ray"]))]  # fmt: skip
+    assert small[0] == small[1] and "ranking.csv" in small[0]
     assert set(serial) == set(on_ray)
     for name in serial:
         assert on_ray[name] == serial[name], f"{name} differs between serial and ray"
@@ -62,15 +65,13 @@ def test_moe_search_on_ray_matches_serial(local_ray, capfd, tmp_path: Path) -> N
                 *MOE,
                 *executor,
                 "--json",
-                "--ranking-csv",
-                str(folder / "ranking.csv"),
                 "--debug-dir",
                 str(folder / "debug"),
             ],
         )
         result["summary"].pop("seconds")
         files = {p.name: p.read_bytes() for p in sorted((folder / "debug").iterdir())}
-        outputs[name] = (result, (folder / "ranking.csv").read_bytes(), files)
+        outputs[name] = (result, files)
     assert outputs["ray"] == outputs["serial"]
     assert ray.is_initialized()  # the executor joined the running instance and left it up
 

@@ -57,6 +57,7 @@ class _Buffered:
         self.time_rows: list[dict[str, Any]] = []
         self.refusal_rows: list[dict[str, Any]] = []
         self.leading: list[str] = []
+        self.refused_fields: list[str] = []
 
     def open(self, directory: Path | None) -> None:
         if directory is None:
@@ -74,6 +75,15 @@ class _Buffered:
 
     def refusal(self, candidate: Mapping[str, Any], reason: str) -> None:
         self.refusal_rows.append({**candidate, "reason": reason})
+        if len(candidate) > len(self.refused_fields):
+            self.refused_fields = list(candidate)
+
+    @property
+    def candidate_fields(self) -> list[str]:
+        """The leading columns of the parts files: a priced candidate's fields or, where
+        nothing was priced (nothing fits), the fullest refused one's, so even an empty
+        file has its header."""
+        return self.leading or self.refused_fields
 
 
 class CsvSink(_Buffered):
@@ -85,8 +95,9 @@ class CsvSink(_Buffered):
     def close(self) -> None:
         assert self.directory is not None
         mem, perf, refusals = self.files
-        replace_atomically(self.directory / mem, _csv_text(self.memory_rows, self.leading))
-        replace_atomically(self.directory / perf, _csv_text(self.time_rows, self.leading))
+        leading = self.candidate_fields
+        replace_atomically(self.directory / mem, _csv_text(self.memory_rows, leading))
+        replace_atomically(self.directory / perf, _csv_text(self.time_rows, leading))
         replace_atomically(self.directory / refusals, _csv_text(self.refusal_rows, ["reason"]))
 
 
