@@ -16,7 +16,7 @@ from ndplan.core.cluster import DeviceSpec
 from ndplan.core.errors import InvalidInputError, did_you_mean, error_field, field_error
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout
-from ndplan.core.units import GiB
+from ndplan.core.units import MAX_COUNT, GiB
 from ndplan.planner import Planner, PricingOptions
 
 from .options import State
@@ -27,11 +27,16 @@ ModelOpt = Annotated[
 DeviceOpt = Annotated[
     str, typer.Option("--device", "-d", help="Device id or alias (see `ndplan devices`).")
 ]
-DevicesOpt = Annotated[int, typer.Option("--devices", "-n", min=1, help="Number of devices.")]
-GbsOpt = Annotated[
-    int, typer.Option("--gbs", min=1, help="Global batch size (sequences per step).")
+DevicesOpt = Annotated[
+    int, typer.Option("--devices", "-n", min=1, max=MAX_COUNT, help="Number of devices.")
 ]
-SeqOpt = Annotated[int, typer.Option("--seq-len", "-s", min=1, help="Sequence length (tokens).")]
+GbsOpt = Annotated[
+    int,
+    typer.Option("--gbs", min=1, max=MAX_COUNT, help="Global batch size (sequences per step)."),
+]
+SeqOpt = Annotated[
+    int, typer.Option("--seq-len", "-s", min=1, max=MAX_COUNT, help="Sequence length (tokens).")
+]
 PrecisionOpt = Annotated[
     str | None,
     typer.Option(

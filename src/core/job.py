@@ -181,6 +181,12 @@ FRAMEWORK_DEFAULTED = ("fused_loss", "grad_reduce_dtype", "cp_kind", "tp_comm_ov
 """Fields whose default depends on the framework (read from its traits)."""
 
 
+def _state(name: str, value: Any) -> str:
+    """How to state a job field rather than have it assumed (the --strict fix)."""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    return f"state it, e.g. '{name}: {text}' in a --job file"
+
+
 class JobSettings:
     """A job whose unset fields resolve to defaults on first read, recording each.
 
@@ -196,10 +202,15 @@ class JobSettings:
     def __getattr__(self, name: str) -> Any:
         value = getattr(self.job, name)
         if value is None and name in JOB_DEFAULTS:
-            value = self.recorder.default(f"job.{name}", JOB_DEFAULTS[name], self.reader)
+            default = JOB_DEFAULTS[name]
+            value = self.recorder.default(
+                f"job.{name}", default, self.reader, _state(name, default)
+            )
         elif value is None and name in FRAMEWORK_DEFAULTED:
             default = getattr(traits_for(self.framework), name)
-            value = self.recorder.default(f"job.{name}", default, f"{self.framework} default")
+            value = self.recorder.default(
+                f"job.{name}", default, f"{self.framework} default", _state(name, default)
+            )
         # Cache on the instance: later reads skip __getattr__ entirely.
         setattr(self, name, value)
         return value

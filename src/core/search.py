@@ -972,7 +972,7 @@ def search(
     if not enum.candidates and unreachable is not None:
         # Fix: a fixed micro-batch size, VPP or schedule no layout can take was blamed on
         # whichever rule had refused something else (often tp beyond the scale-up domain).
-        raise InvalidInputError(_unreachable_message(ctx, unreachable))
+        raise InvalidInputError(_unreachable_message(ctx, unreachable, enum.reached["pp"]))
     if not enum.candidates:
         # Fix: every layout refused by a rule was "no layout survived the refusal rules;
         # widen the search space" (exit 1), naming neither rule nor the fix. The space the
@@ -1231,7 +1231,9 @@ def _unreachable_fixed_value(enum: Enumeration, space: SearchSpace) -> tuple[str
     return None
 
 
-def _unreachable_message(ctx: PricingContext, unreachable: tuple[str, tuple]) -> str:
+def _unreachable_message(
+    ctx: PricingContext, unreachable: tuple[str, tuple], pipeline_depths: set[int]
+) -> str:
     why = {
         "mbs": f"dp·mbs must divide the global batch ({ctx.job.global_batch_size}) for "
         "some dp the devices allow",
@@ -1241,6 +1243,10 @@ def _unreachable_message(ctx: PricingContext, unreachable: tuple[str, tuple]) ->
         "interleaved: a VPP that splits the layers)",
     }
     name, values = unreachable
+    if name == "vpp" and min(values) > 1 and pipeline_depths <= {1}:
+        # Only unpipelined layouts got this far (pp fixed to 1, or no other pp fits):
+        # there are no stages to interleave chunks over, whatever the layer count.
+        why["vpp"] = "interleaving needs pp > 1, and no layout here pipelines"
     return (
         f"{name} {'|'.join(map(str, values))} fits no layout of {ctx.cluster.num_devices} "
         f"devices: {why[name]}; change it or let it vary"

@@ -50,15 +50,20 @@ def test_a_home_of_no_user_is_no_such_file(capsys) -> None:
 
 
 @pytest.mark.parametrize(
-    ("flag", "field"),
-    [("-n", "num_devices"), ("--gbs", "global_batch_size"), ("-s", "seq_length")],
+    ("flag", "named"),
+    [("-n", "'--devices' / '-n'"), ("--gbs", "'--gbs'"), ("-s", "'--seq-len' / '-s'")],
 )
-def test_a_mistyped_huge_count_is_refused_at_once(capsys, flag: str, field: str) -> None:
-    # The search enumerates divisors of these: 10^15 would run for hours, not fail.
-    argv = list(SEARCH)
+@pytest.mark.parametrize("command", ["search", "estimate"])
+def test_a_mistyped_huge_count_is_refused_at_once(capsys, command, flag: str, named: str) -> None:
+    # The search enumerates divisors of these: 10^15 would run for hours, not fail. The
+    # flag is out of its range as a count of 0 is: a malformed flag (exit 2), named as
+    # the user typed it rather than by the field it fills.
+    argv = [command, *PROBLEM]
     argv[argv.index(flag) + 1] = "1000000000000000"
-    line = error_line(capsys, *argv)
-    assert f"{field}: Input should be less than or equal to 16777216" in line
+    code = run(argv)
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and "Traceback" not in captured.err
+    assert f"Invalid value for {named}: " in captured.err and "16777216" in captured.err
 
 
 def test_a_baseline_degree_given_twice_is_refused(capsys) -> None:

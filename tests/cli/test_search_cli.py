@@ -414,6 +414,16 @@ def test_a_bad_space_file_is_invalid_input(capsys, tmp_path: Path, text, says) -
 def test_strict_search_runs_once_a_job_file_states_every_setting(capsys, tmp_path: Path) -> None:
     code, _, err = invoke(capsys, "search", *SMALL, "--strict")
     assert code == 3 and "--strict forbids assuming" in err
+    # The error says how to state the field; doing as it says moves on to the next one.
+    stated = tmp_path / "stated.yaml"
+    lines: list[str] = []
+    for _ in range(3):
+        suggested = re.search(r"e\.g\. '([a-z_]+): ([^']+)' in a --job file$", one_error_line(err))
+        assert suggested, err
+        lines.append(f"{suggested[1]}: {suggested[2]}")
+        stated.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        code, _, err = invoke(capsys, "search", *SMALL, "--strict", "--job", str(stated))
+        assert code == 3 and f"job.{suggested[1]}:" not in err
     job = tmp_path / "job.yaml"
     job.write_text(
         "precision: bf16\noptimizer: adam\nframework: megatron\nattention_kernel: flash\n"

@@ -576,6 +576,11 @@ SIXTEEN = ("-m", "llama-3-8b", "-d", "h100", "-n", "16", "--gbs", "32", "-s", "4
         (("--vpp", "7"), "vpp 7 fits no layout of 16 devices: pp·vpp chunks must split the 32"),
         (("--schedule", "dualpipev", "--pp", "1"), "schedule dualpipev fits no layout"),
         (("--schedule", "interleaved", "--vpp", "1"), "'interleaved' needs vpp ≥ 2"),
+        # 2 chunks of 16 layers would split the 32: it is the lack of stages that stops it
+        (
+            ("--vpp", "2", "--pp", "1"),
+            "vpp 2 fits no layout of 16 devices: interleaving needs pp > 1",
+        ),
     ],
 )
 def test_a_fixed_value_no_layout_can_take_is_named(capsys, argv, says) -> None:
