@@ -1003,7 +1003,12 @@ def baseline_values(
         else:
             data = parse_yaml(content, str(path)) if script else parsed
         if isinstance(data, dict) and isinstance(data.get("layout"), dict):
+            other = isinstance(data.get("inputs"), dict) and other_problem(
+                data["inputs"], where, ctx
+            )
             data = data["layout"]  # one plan, as estimate --json prints it
+            if other:  # its micro-batch count was its own batch's: dp and mbs say it here
+                data = {k: v for k, v in data.items() if k != "num_microbatches"}
         elif isinstance(data, dict) and "plans" in data:
             raise InvalidInputError(
                 f"{where}: holds a search's plans; give one plan (its layout) or the degrees"
@@ -1142,6 +1147,36 @@ def launch_layout(
     for line in read.notes:
         note(f"note: {line}")
     return read
+
+
+def other_problem(inputs: dict[str, Any], where: str, ctx: PricingContext) -> bool:
+    """Whether a plan file (``--export ndplan``) was priced for another model, device,
+    device count, batch or sequence than this search's. Its degrees are still placed (a
+    layout carried over is a fair question), but the user hears that the file is not this
+    problem's."""
+    job = inputs.get("job") if isinstance(inputs.get("job"), dict) else {}
+    theirs = {
+        "model": inputs.get("model"),
+        "device": inputs.get("device"),
+        "devices": inputs.get("devices"),
+        "gbs": job.get("global_batch_size"),
+        "seq": job.get("seq_length"),
+    }
+    ours = {
+        "model": ctx.model.name,
+        "device": ctx.device.id,
+        "devices": ctx.cluster.num_devices,
+        "gbs": ctx.job.global_batch_size,
+        "seq": ctx.job.seq_length,
+    }
+    differ = [f"{k} {theirs[k]} (here {ours[k]})" for k in ours if theirs[k] not in (None, ours[k])]
+    if differ:
+        note(
+            f"warning: {where} was priced for another problem: {', '.join(differ)}; "
+            "its degrees are placed in this one as given",
+            warning=True,
+        )
+    return bool(differ)
 
 
 def baseline_line(result: SearchResult) -> str:

@@ -102,6 +102,15 @@ def test_the_ndplan_format_reads_back_as_the_same_plan(capsys, tmp_path: Path) -
     baseline = json.loads(out)["baseline"]
     assert baseline["rank"] == 1 and baseline["gap"] == 0.0
     assert baseline["plan"]["layout"] == best["layout"]
+    assert "warning" not in err  # this problem's own file
+    # Another problem's file: its degrees are placed, and the user hears whose they were.
+    other = [*TIGHT]
+    other[other.index("--gbs") + 1] = "64"
+    code, out, err = invoke(capsys, "search", *other, "--json", "--baseline", str(target))
+    assert code == 0, err
+    assert json.loads(out)["baseline"]["stated"]["tp"] == best["layout"]["tp"]
+    assert f"warning: --baseline {target} was priced for another problem: gbs 32 (here 64);" in err
+    assert "its degrees are placed in this one as given" in err
 
 
 @pytest.mark.parametrize(
@@ -371,6 +380,12 @@ def test_the_report_says_what_a_per_layer_choice_costs_in_the_framework(
     )
     assert float(seconds) > json.loads(json_out)["plans"][0]["time"]["step_s"]
     assert f"--recompute stated ranks only plans {framework} runs as priced" in text
+    # The file's own prediction is of what it states: the stand-in first, the plan beside.
+    best = json.loads(json_out)["plans"][0]["time"]["step_s"]
+    predicted = next(line for line in target.read_text().splitlines() if "predicted:" in line)
+    assert predicted.startswith(f"# predicted: step {seconds} s, peak ")
+    assert f" as written ({described}); the plan's own per-layer recompute: " in predicted
+    assert f"step {best:.3f} s, peak " in predicted.split("own per-layer recompute: ")[1]
     # Ranking what the framework states finds a plan at least as fast as that stand-in
     # (which is one of the layouts it weighs), and it runs as priced.
     code, stated_out, err = invoke(

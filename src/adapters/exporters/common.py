@@ -86,8 +86,12 @@ def assignment_text(parts: tuple[Chunk, ...]) -> str:
     return ", ".join(f"{o} {n}" for o, n in ranked) + " layers"
 
 
-def summary_lines(plan: Plan, ctx: PricingContext, fmt: str) -> list[str]:
-    """What the file is, for its comment header: the inputs and the prediction."""
+def summary_lines(
+    plan: Plan, ctx: PricingContext, fmt: str, written: StandIn | None = None
+) -> list[str]:
+    """What the file is, for its comment header: the inputs and the prediction — for the
+    settings the file states: where it writes a stand-in for a per-layer recompute its
+    framework cannot state (``written``), the stand-in's, with the plan's beside it."""
     job, lay = ctx.job, plan.layout
     lines = [
         f"ndplan plan as {fmt}: {ctx.model.name} on {ctx.cluster.num_devices} x "
@@ -96,13 +100,19 @@ def summary_lines(plan: Plan, ctx: PricingContext, fmt: str) -> list[str]:
         f"layout: dp {lay.dp} tp {lay.tp} pp {lay.pp} vpp {lay.vpp} cp {lay.cp} ep {lay.ep} "
         f"mbs {lay.mbs} x {lay.num_microbatches} zero {lay.zero}",
     ]
-    if plan.time is not None:
-        peak = plan.memory.peak_bytes / 2**30
+    if written is not None and written.plan.time is not None and plan.time is not None:
         lines.append(
-            f"predicted: step {plan.time.step_s:.3f} s, peak {peak:.1f} GiB on stage "
-            f"{plan.memory.peak_stage}"
+            f"predicted: {_figures(written.plan)} as written ({written.description}); "
+            f"the plan's own per-layer recompute: {_figures(plan)}"
         )
+    elif plan.time is not None:
+        lines.append(f"predicted: {_figures(plan)}")
     return lines
+
+
+def _figures(plan: Plan) -> str:
+    peak = plan.memory.peak_bytes / 2**30
+    return f"step {plan.time.step_s:.3f} s, peak {peak:.1f} GiB on stage {plan.memory.peak_stage}"
 
 
 @dataclass(frozen=True, slots=True)

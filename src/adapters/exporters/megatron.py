@@ -253,7 +253,7 @@ class MegatronExporter:
         if recompute:
             args.append(recompute)
         caveats += inexact
-        head = [f"# {line}" for line in summary_lines(plan, ctx, "Megatron-LM arguments")]
+        head = [f"# {line}" for line in summary_lines(plan, ctx, "Megatron-LM arguments", priced)]
         head += [f"# caveat: {c}" for c in caveats]
         head.append(
             f'# use: source this file; torchrun ... pretrain_gpt.py <model arguments> "${{{ARRAY}[@]}}"'

@@ -217,7 +217,7 @@ class TorchtitanExporter:
                 f"torchtitan: no {precision} recipe is written (its float8 and mx converters "
                 "cover tensor-wise fp8 and MXFP8); set the numerics yourself"
             )
-        head = [f"# {line}" for line in summary_lines(plan, ctx, "a torchtitan job config")]
+        head = [f"# {line}" for line in summary_lines(plan, ctx, "a torchtitan job config", priced)]
         head += [f"# caveat: {c}" for c in caveats]
         if parallelism["enable_async_tensor_parallel"]:
             head.append("# async TP runs under torch.compile: keep [compile] enable = true")
