@@ -59,8 +59,11 @@ ROW_FIELDS = (
     "mfu",
     "peak_gib",
     "reason",
+    "assumed",
 )
-"""The columns of a sweep's rows, in order (``--csv`` and ``--json`` alike)."""
+"""The columns of a sweep's rows, in order (``--csv`` and ``--json`` alike); ``assumed``:
+the defaults the scenario's search read for fields the inputs left unset, as search's
+``assumed:`` line gives them (``job.framework=megatron (pricing); …``)."""
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,17 @@ def _row(scenario: Scenario, status: str, plan: Plan | None = None, reason: str 
 
 
 def run_scenario(planner: Any, scenario: Scenario, recipe: SweepRecipe) -> dict:
-    """One search, serially in this process; its best plan, or why there is none."""
+    """One search, serially in this process; its best plan, or why there is none, and
+    what it assumed."""
     recorder = AssumptionRecorder(strict=recipe.strict)
+    row = _searched(planner, scenario, recipe, recorder)
+    row["assumed"] = "; ".join(a.describe() for a in recorder.items) or None
+    return row
+
+
+def _searched(
+    planner: Any, scenario: Scenario, recipe: SweepRecipe, recorder: AssumptionRecorder
+) -> dict:
     try:
         ctx = PricingContext(
             model=scenario.model,

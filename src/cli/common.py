@@ -361,16 +361,19 @@ def a2a_overlap_inapplicable(layout: Layout) -> str | None:
     return None
 
 
-def check_memory_budget(max_mem_gib: float | None, device: DeviceSpec) -> None:
+def check_memory_budget(
+    max_mem_gib: float | None, device: DeviceSpec, where: str = "--max-mem"
+) -> None:
     """--max-mem is the usable part of the device's memory: positive, finite, and no more
-    than the device has (a larger device is a --device-file, not a bigger budget)."""
+    than the device has (a larger device is a --device-file, not a bigger budget).
+    ``where`` names where the budget was given (the flag, or a file's ``max_mem``)."""
     if max_mem_gib is None:
         return
     if not math.isfinite(max_mem_gib) or max_mem_gib <= 0:
-        raise InvalidInputError(f"--max-mem: must be a positive number of GiB, got {max_mem_gib}")
+        raise InvalidInputError(f"{where}: must be a positive number of GiB, got {max_mem_gib}")
     if max_mem_gib > device.memory_gib:
         raise InvalidInputError(
-            f"--max-mem: {max_mem_gib:g} GiB is more than the {device.id}'s "
+            f"{where}: {max_mem_gib:g} GiB is more than the {device.id}'s "
             f"{device.memory_gib:g} GiB; give at most {device.memory_gib:g}, or describe a "
             "larger device with --device-file"
         )
@@ -386,13 +389,15 @@ def build_context(
     device_files: list[Path] | None,
     strict: bool,
     options: PricingOptions,
+    budget_from: str = "--max-mem",
 ):
-    """The planner, the pricing context and the assumptions recorder for one command."""
+    """The planner, the pricing context and the assumptions recorder for one command
+    (``budget_from``: where the memory budget was given, for its error line)."""
     planner = Planner(state.components(device_files))
     recorder = AssumptionRecorder(strict=strict)
     spec = planner.model(model, recorder)
     dev = planner.device(device)
-    check_memory_budget(options.max_mem_gib, dev)
+    check_memory_budget(options.max_mem_gib, dev, budget_from)
     for flag, value in (
         ("--reserve", options.balance_reserve_gib),
         ("--runtime-reserve", options.reserve_gib),

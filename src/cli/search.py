@@ -749,6 +749,7 @@ def search_cmd(
             device_files=device_file,
             strict=strict,
             options=options,
+            budget_from="--max-mem" if max_mem is not None else f"{space_file}: max_mem",
         )
         exporter = exporter_for(planner.components, export, pctx.framework.name) if export else None
         if recompute is not None:

@@ -360,9 +360,17 @@ def sweep_cmd(
             raise InvalidInputError(
                 "space: reserve: a sweep holds nothing back for balancing; drop the key"
             )
-        for given in (max_mem, file_values.get("max_mem"), space_values.get("max_mem")):
+        budget_from = "--max-mem"
+        for given, where in (
+            (max_mem, "--max-mem"),
+            (file_values.get("max_mem"), f"{file}: max_mem"),
+            (
+                space_values.get("max_mem"),
+                f"{space_file}: max_mem" if space_file else f"{file}: space: max_mem",
+            ),
+        ):
             if given is not None:
-                max_mem = given
+                max_mem, budget_from = given, where
                 break
         if max_mem is not None and (
             not isinstance(max_mem, int | float)
@@ -370,7 +378,9 @@ def sweep_cmd(
             or not math.isfinite(max_mem)
             or max_mem <= 0
         ):
-            raise InvalidInputError(f"max_mem: must be a positive number of GiB, got {max_mem!r}")
+            raise InvalidInputError(
+                f"{budget_from}: must be a positive number of GiB, got {max_mem!r}"
+            )
         planner = Planner(st.components(device_file))
         recorder = AssumptionRecorder(strict=strict)
         specs = {
@@ -379,7 +389,7 @@ def sweep_cmd(
         }
         devs = {name: planner.device(name) for name in dict.fromkeys(c["device"] for c in combos)}
         for dev in devs.values():
-            check_memory_budget(max_mem, dev)
+            check_memory_budget(max_mem, dev, budget_from)
         scenarios = []
         first_of: dict[tuple, str] = {}  # one search per problem, however it is named
         for c in combos:
@@ -431,6 +441,11 @@ def sweep_cmd(
         )
         with progress_reporter() as report:
             rows = run_sweep(pool, recipe, scenarios, report)
+        # One line, as search gives it: the defaults reading the models or any scenario
+        # assumed, each once, in field order.
+        assumed = {a.describe() for a in recorder.items}
+        for row in rows:
+            assumed.update(row["assumed"].split("; ") if row["assumed"] else ())
         if csv_out is not None:
             write_atomic(csv_out, rows_csv(rows), force=True)
         if as_json:
@@ -444,6 +459,8 @@ def sweep_cmd(
                     f"{len(rows) - found} without"
                 )
             )
+        if assumed:
+            note("assumed: " + "; ".join(sorted(assumed)))
     if not any(r["status"] == "ok" for r in rows):
         raise typer.Exit(int(ExitCode.NO_FEASIBLE_PLAN))
 

@@ -66,6 +66,23 @@ def test_a_memory_budget_that_is_not_a_usable_part_of_the_device_is_refused(
         assert code == 3 and out == "" and says in error_line(err)
 
 
+def test_a_budget_from_a_file_is_named_by_the_file(capsys, tmp_path: Path) -> None:
+    """A space file's (or a sweep file's) max_mem is named where it was written, not as
+    the --max-mem flag the user never gave; the flag, given too, overrides the file."""
+    space = tmp_path / "space.yaml"
+    space.write_text("max_mem: 200\n", encoding="utf-8")
+    says = f"{space}: max_mem: 200 GiB is more than the h100-sxm's 80 GiB"
+    for command in ("search", "sweep"):
+        code, out, err = invoke(capsys, command, *SMALL, "--space", str(space))
+        assert code == 3 and out == "" and says in error_line(err), command
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("max_mem: 200\nspace: {max_mem: 300}\n", encoding="utf-8")
+    code, out, err = invoke(capsys, "sweep", str(sweep), *SMALL)
+    assert code == 3 and f"{sweep}: max_mem: 200 GiB is more than" in error_line(err)
+    code, out, err = invoke(capsys, "search", *SMALL, "--space", str(space), "--max-mem", "60")
+    assert code == 0, err
+
+
 def test_an_infinite_reserve_is_refused(capsys) -> None:
     code, out, err = invoke(capsys, "search", *SMALL, "--reserve", "inf")
     assert code == 3 and out == ""

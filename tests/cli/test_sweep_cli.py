@@ -289,3 +289,39 @@ def test_a_bad_job_setting_names_where_it_came_from(capsys, tmp_path: Path) -> N
     assert run(["sweep", str(path), *grid, "-j", "1"]) == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"ndplan: error: {path}: job: optimizer:")
+
+
+def test_a_sweep_reports_what_it_assumed_as_search_does(capsys, tmp_path: Path) -> None:
+    """Each row says what its search assumed, and one ``assumed:`` line under the table
+    gives them all once (with what reading a model assumed), as ``search`` prints it; a
+    stated field is not among them."""
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "hidden_size": 1024,
+                "num_hidden_layers": 4,
+                "num_attention_heads": 16,
+                "intermediate_size": 4096,
+                "vocab_size": 32000,
+            }
+        ),
+        encoding="utf-8",
+    )
+    problem = ["-d", "h100", "-n", "8", "--gbs", "16", "-s", "2048", "--precision", "bf16"]
+    problem += ["-j", "1"]
+    assert run(["sweep", "-m", str(config), "-m", "llama-3-8b", *problem]) == 0
+    captured = capsys.readouterr()
+    (line,) = [x for x in captured.err.splitlines() if x.startswith("assumed: ")]
+    assumed = line.removeprefix("assumed: ").split("; ")
+    assert assumed == sorted(assumed) and len(set(assumed)) == len(assumed)
+    assert "job.framework=megatron (pricing)" in assumed
+    assert any(a.startswith("model.") and a.endswith("(hf reader)") for a in assumed)
+    assert not any(a.startswith("job.precision=") for a in assumed)  # stated
+    assert run(["search", "-m", "llama-3-8b", *problem]) == 0
+    searched = next(
+        x for x in capsys.readouterr().err.splitlines() if x.startswith("assumed: ")
+    ).removeprefix("assumed: ")
+    rows = sweep_json(capsys, "-m", str(config), "-m", "llama-3-8b", *problem)
+    assert rows[1]["assumed"] == searched  # the same search, the same defaults
+    assert set(rows[0]["assumed"].split("; ")) <= set(assumed)
