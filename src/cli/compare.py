@@ -81,6 +81,25 @@ def summary_sections(results: list[RowResult]) -> dict[str, list[tuple[str, Erro
     return sections
 
 
+def no_row_priced(runs: Path, rows: str, table_rows: list, skips: list) -> str:
+    """Why a measured-runs file gave nothing to compare: no rows (of the chosen parity),
+    or every row skipped, with the commonest reasons."""
+    which = "" if rows == "all" else f" {rows}-row_id"
+    if not table_rows:
+        return f"{runs}: no{which} rows to compare; give a CSV of measured runs with data rows"
+    counts: dict[str, int] = {}
+    for skip in skips:
+        counts[skip.reason] = counts.get(skip.reason, 0) + 1
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    why = "; ".join(f"{reason} ({n})" for reason, n in ranked[:2])
+    more = f"; and {len(ranked) - 2} other reasons" if len(ranked) > 2 else ""
+    rows_said = (
+        f"its one{which} row cannot" if len(table_rows) == 1
+        else f"none of its {len(table_rows)}{which} rows can"
+    )  # fmt: skip
+    return f"{runs}: {rows_said} be priced ({why}{more}); fix those rows or their columns"
+
+
 def compare_cmd(
     ctx: typer.Context,
     runs: Annotated[Path, typer.Argument(help="A CSV in the measured_runs.csv format.")],
@@ -125,6 +144,8 @@ def compare_cmd(
     cases, skips = RunInterpreter(
         planner.components.presets, planner.components.devices
     ).interpret_all(table_rows)
+    if not cases:
+        raise InvalidInputError(no_row_priced(runs, rows, table_rows, skips))
     cal = planner.calibration(calibration)
     if fit is not None:
         usable = sum(not c.check for c in cases)

@@ -291,14 +291,13 @@ def test_csv_that_is_not_utf8_or_has_short_rows(
     code, _, err = invoke(capsys, "compare", str(binary))
     assert code == ExitCode.INVALID_INPUT
     assert "binary.csv" in one_error_line(err)
-    # a truncated row reads as unstated cells: skipped with a reason, not a crash
+    # a truncated row reads as unstated cells: skipped with a reason, not a crash (and
+    # as the file's only row, the one line saying why nothing could be compared)
     short = tmp_path / "short.csv"
     short.write_text(header + "1,x\n", encoding="utf-8")
     code, out, err = invoke(capsys, "compare", str(short), "--json")
-    assert code == 0, err
-    doc = json.loads(out)
-    assert doc["rows"] == [] and len(doc["skipped"]) == 1
-    assert "architecture" in doc["skipped"][0]["reason"]
+    assert code == ExitCode.INVALID_INPUT and out == ""
+    assert "its one row cannot be priced (architecture of '' unknown" in one_error_line(err)
 
 
 def test_nonexistent_csv(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -495,11 +494,18 @@ def _one_row_csv(tmp_path: Path, **changes: str) -> Path:
 def test_a_row_with_an_unusable_value_is_skipped_by_name(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, changes: dict, reason: str
 ) -> None:
-    """Not read as a default (tp 1, bf16, row 0) and priced as if the source said so."""
-    code, out, err = invoke(capsys, "compare", str(_one_row_csv(tmp_path, **changes)), "--json")
+    """Not read as a default (tp 1, bf16, row 0) and priced as if the source said so: the
+    row is skipped by name, and a file of nothing else is one line saying why (exit 3)."""
+    runs = _one_row_csv(tmp_path, **changes)
+    code, out, err = invoke(capsys, "compare", str(runs), "--json")
+    assert code == 3 and out == ""
+    assert f"{runs}: its one row cannot be priced ({reason}" in one_error_line(err)
+    beside = runs_csv(tmp_path / "two.csv", (345,))  # beside a row that prices, listed
+    beside.write_text(beside.read_text() + runs.read_text().split("\n", 1)[1], encoding="utf-8")
+    code, out, err = invoke(capsys, "compare", str(beside), "--json")
     assert code == 0, err
     doc = json.loads(out)  # valid JSON: no NaN from a NaN throughput
-    assert doc["rows"] == []
+    assert [r["row_id"] for r in doc["rows"]] == [345]
     assert next(s["reason"] for s in doc["skipped"]).startswith(reason)
 
 
@@ -516,4 +522,4 @@ def test_fit_with_no_row_to_fit_is_invalid_input(
     out_file = tmp_path / "cal.json"
     code, _out, err = invoke(capsys, "compare", str(runs), "--fit", str(out_file))
     assert code == 3 and not out_file.exists()
-    assert "--fit: no row of" in one_error_line(err)
+    assert f"{runs}: its one row cannot be priced (step_time_s '-5'" in one_error_line(err)
