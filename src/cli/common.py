@@ -20,6 +20,7 @@ from ndplan.core.units import MAX_COUNT, GiB
 from ndplan.planner import Planner, PricingOptions
 
 from .options import State
+from .output import note
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Preset name, config.json, or a model directory.")
@@ -296,7 +297,7 @@ class JobInputs:
             from_file = load_job_file(self.file) if self.file is not None else {}
             origin = str(self.file)
         try:
-            return Job(
+            job = Job(
                 global_batch_size=self.gbs,
                 seq_length=self.seq_len,
                 **{**from_file, **stated},
@@ -323,6 +324,16 @@ class JobInputs:
                     "moe_fused_grouped_mlp": "--moe-fused-grouped-mlp",
                 }.get(field, field)
             raise InvalidInputError(field_error(exc, where)) from None
+        if job.document_tokens is not None and job.document_tokens >= job.seq_length:
+            where = (
+                "--document-tokens" if "document_tokens" in stated else f"{origin}: document_tokens"
+            )
+            note(
+                f"warning: {where} {job.document_tokens} is not shorter than the sequence "
+                f"({job.seq_length}): each sequence holds one document, as without it",
+                warning=True,
+            )
+        return job
 
 
 SP_AT_TP_1 = (

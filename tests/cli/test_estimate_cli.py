@@ -703,8 +703,14 @@ def test_packed_documents_shorten_attention_and_count_in_mfu(
     )
     code, out, _ = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "256")
     assert code == 0 and "seq 4096 (packed documents of 256)" in out.splitlines()[0]
-    code, out, _ = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "8192")
+    code, out, err = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "8192")
     assert code == 0 and "packed" not in out.splitlines()[0]  # as long as the sequence
+    assert (  # and said, since the flag then does nothing
+        "warning: --document-tokens 8192 is not shorter than the sequence (4096): each "
+        "sequence holds one document, as without it"
+    ) in err
+    code, out, err = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "256")
+    assert "warning" not in err
     code, _, err = invoke(capsys, *LLAMA_8B, *job, "--document-tokens", "0")
     assert code == 2 and "--document-tokens" in err
 
