@@ -47,6 +47,13 @@ has CP and VP columns; its Llama 2 13B SFT at pp 4 reports 754 model TFLOP/s per
 pre-training run's figure at pp 4 × vpp 10, where pp 4 without interleaving would idle
 3/16 of each step in the pipeline bubble."""
 
+SOURCES_WITH_EXPERT_TP_ONE = frozenset({"S3"})
+"""source_id of published MoE runs whose recipes set expert TP 1 where the table leaves it
+out: Megatron-Bridge's performance presets (scripts/performance/configs/*/
+*_workload_base_configs.py) state ``expert_tensor_parallel_size=1`` in the base preset
+of DeepSeek-V3, Qwen3 (30B-A3B, 235B-A22B, Next-80B-A3B), and run GPT OSS and Kimi K2 at
+TP 1, where Megatron alone would default expert TP to TP."""
+
 
 @dataclass
 class RunCase:
@@ -394,7 +401,12 @@ class RunInterpreter:
             unstated.add("vpp")
         ep = _int(row.get("ep", "")) or 1
         etp = _int(row.get("etp", ""))
-        if etp is None and framework == "megatron" and ep > 1:
+        expert_tp_one = row.get("source_id", "") in SOURCES_WITH_EXPERT_TP_ONE
+        if etp is None and ep > 1 and tp > 1 and expert_tp_one:
+            etp = 1
+            assumed.append("etp=1 (the source's MoE recipes set expert TP 1)")
+            unstated.add("etp")
+        elif etp is None and framework == "megatron" and ep > 1:
             # Unstated, expert TP is TP's own unless EP reaches into the TP ranks: there
             # Megatron cannot run TP's, so the run folded the experts (as the search does).
             folded = free_etp(tp, ep, dp * cp)

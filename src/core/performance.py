@@ -107,6 +107,9 @@ class LayerCost:
     mixer_ops: int = 0
     """How many of ``ops``, from the first, are the mixer's (attention and its projections);
     the rest are the FFN's (router, token permutes, experts, shared experts)."""
+    ffn_tp_share: float = 0.5
+    """Share of ``tp_forward_s`` that is the FFN block's own (re-run when it is recomputed):
+    half, or none where routed experts without shared ones leave the FFN no TP collective."""
 
 
 class StageSeconds(dict):
@@ -138,6 +141,7 @@ class Links:
     tp: GroupLink
     cp: GroupLink
     ep: GroupLink
+    etp: GroupLink
     dp: GroupLink
     expert_dp: GroupLink
     pp: GroupLink
@@ -339,13 +343,14 @@ class NdplanCostModel:
             strides[dim] = stride
             stride *= sizes[dim]
         cl = ctx.cluster
-        # Experts are carved out of DP×CP(×TP): an EP group starts at the expert-TP stride.
-        expert_stride = layout.expert_tp if layout.expert_tp == layout.tp else 1
-        ep_span_stride = max(1, expert_stride)
+        # Experts are carved out of DP×CP×TP as Megatron's expert rank order does: expert
+        # TP innermost (adjacent ranks), EP next (starting at the expert-TP stride).
+        ep_span_stride = layout.expert_tp
         found = Links(
             tp=group_link(cl, eff, layout.tp, strides["tp"]),
             cp=group_link(cl, eff, layout.cp, strides["cp"]),
             ep=group_link(cl, eff, layout.ep, ep_span_stride),
+            etp=group_link(cl, eff, layout.expert_tp, 1),
             dp=group_link(cl, eff, layout.dp * layout.cp, min(strides["dp"], strides["cp"])),
             expert_dp=group_link(cl, eff, layout.expert_data_parallel, ep_span_stride * layout.ep),
             pp=group_link(cl, eff, 2 if layout.pp > 1 else 1, strides["pp"]),
@@ -433,6 +438,7 @@ class NdplanCostModel:
 
         ffn = kind.ffn
         ep_fwd = 0.0
+        tp_share, ffn_tp_share = 1.0, 0.5
         if isinstance(ffn, DenseFFN):
             width = ffn.intermediate_size
             gemm(
@@ -515,13 +521,28 @@ class NdplanCostModel:
                     )
                 else:
                     ep_fwd = 2 * all_to_all_s(link, copies / layout.expert_tp * h * ab)
+            if layout.expert_tp > 1:
+                # Expert TP shards each expert's width, so every rank of the group needs
+                # the copies all of them received: the dispatcher gathers them over the
+                # expert-TP group before the experts and reduce-scatters the outputs after
+                # (the backward mirrors it). One copy per chosen expert, not one per token
+                # as the dense FFN's sequence-parallel gather moves.
+                gathered = copies * h * ab
+                link = self.links(ctx, layout).etp
+                ep_fwd += all_gather_s(link, gathered) + reduce_scatter_s(link, gathered)
+            if t > 1 and not moe.shared_intermediate_size:
+                # The routed experts take the layer's sequence-parallel tokens as they are
+                # (the dispatcher moves them): of the mixer's two TP gather/scatter pairs
+                # (attention and FFN) only attention's runs. Shared experts keep the other.
+                tp_share = 0.5
+                ffn_tp_share = 0.0
 
         kernels = sum(op.kernels for op in built.ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
         return LayerCost(
             ops=tuple(built.ops),
-            tp_forward_s=mixer.tp_forward_s,
-            tp_backward_s=mixer.tp_backward_s,
-            sp_regather_s=mixer.sp_regather_s,
+            tp_forward_s=mixer.tp_forward_s * tp_share,
+            tp_backward_s=mixer.tp_backward_s * tp_share,
+            sp_regather_s=mixer.sp_regather_s * tp_share,
             cp_forward_s=mixer.cp_forward_s,
             cp_backward_s=mixer.cp_backward_s,
             cp_ring_steps=mixer.cp_ring_steps,
@@ -532,6 +553,7 @@ class NdplanCostModel:
             flops=built.flops,
             recompute_flops=built.rec_flops,
             mixer_ops=len(mixer.ops),
+            ffn_tp_share=ffn_tp_share,
         )
 
     def _mixer_cost(self, ctx: PricingContext, layout: Layout, kind: LayerKind) -> LayerCost:
@@ -799,9 +821,9 @@ class NdplanCostModel:
             if regathers and "sp_gather" not in forced:
                 tp += cost.sp_regather_s * tp_exposed
             if "mlp" in recompute:
-                # Re-running the FFN block re-runs its collectives: half the layer's
-                # forward ones (the attention block has the other half).
-                tp += cost.tp_forward_s / 2 * tp_exposed
+                # Re-running the FFN block re-runs its own collectives (the attention
+                # block has the rest).
+                tp += cost.tp_forward_s * cost.ffn_tp_share * tp_exposed
         found = {
             "forward": fwd,
             "backward": bwd,

@@ -321,17 +321,31 @@ def test_layout_from_the_stated_degrees(interpreter: RunInterpreter) -> None:
 def test_an_unstated_expert_tp_folds_where_ep_reaches_into_the_tp_ranks(
     interpreter: RunInterpreter,
 ) -> None:
-    """Qwen3 235B on 64 GB200 at tp 2, ep 64: expert TP 2 would need 128 ranks, so the run
-    folded the experts (ETP 1). Before, the row was priced at expert TP 2, a layout
-    Megatron cannot run; a stated expert TP and one that fits are kept."""
-    folded = case(interpreter, 276)
+    """Qwen3 235B on 64 GB200 at tp 2, ep 64, read as a source without recipes of its own
+    would be: expert TP 2 would need 128 ranks, so the run folded the experts (ETP 1).
+    Before, the row was priced at expert TP 2, a layout Megatron cannot run; a stated
+    expert TP and one that fits are kept."""
+    folded = case(interpreter, 276, source_id="S4")
     assert (folded.layout.tp, folded.layout.ep, folded.layout.dp) == (2, 64, 32)
     assert folded.layout.etp == 1 and "etp" in folded.unstated
     assert "etp=1 (ep 64 reaches into the tp 2 ranks)" in folded.assumed
-    kept = case(interpreter, 276, ep="32")  # expert TP 2 fits 32·2 = 64 ranks
+    kept = case(interpreter, 276, ep="32", source_id="S4")  # expert TP 2 fits 32·2 = 64 ranks
     assert kept.layout.etp is None and kept.layout.expert_tp == 2 and "etp" not in kept.unstated
     stated = case(interpreter, 276, etp="2")
     assert stated.layout.etp == 2 and "etp" not in stated.unstated
+
+
+def test_megatron_bridge_moe_rows_run_expert_tp_1_as_their_recipes_set_it(
+    interpreter: RunInterpreter,
+) -> None:
+    """Megatron-Bridge's MoE presets set expert_tensor_parallel_size=1 (DeepSeek-V3 on
+    1,024 H100 at tp 2, ep 64 among them), where Megatron alone would take TP's; the
+    table leaves it out, so the row says it was assumed. A stated one is kept."""
+    for row_id in (290, 276):
+        c = case(interpreter, row_id)
+        assert c.layout.tp == 2 and c.layout.etp == 1 and "etp" in c.unstated, row_id
+        assert "etp=1 (the source's MoE recipes set expert TP 1)" in c.assumed
+    assert case(interpreter, 290, etp="2").layout.etp == 2
 
 
 def test_a_table_without_an_interleaving_column_leaves_vpp_unstated(

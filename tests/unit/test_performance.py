@@ -30,7 +30,13 @@ import pytest
 from ndplan.adapters.devices.catalog import builtin_devices
 from ndplan.core.calibration import Calibration, DeviceEfficiency, Overlap
 from ndplan.core.cluster import Cluster
-from ndplan.core.collectives import all_gather_s, all_reduce_s, reduce_scatter_s
+from ndplan.core.collectives import (
+    all_gather_s,
+    all_reduce_s,
+    all_to_all_s,
+    group_link,
+    reduce_scatter_s,
+)
 from ndplan.core.context import PricingContext
 from ndplan.core.counting import core_attention_flops, count_flops
 from ndplan.core.job import Job
@@ -1201,6 +1207,38 @@ def test_layer_costs_memoised_across_ep_and_expert_tp_equal_fresh_ones() -> None
         fresh_dense = cm.layer_cost(make_ctx(layout, model, precision="fp8"), layout, DENSE)
         assert dense_by_degrees.setdefault(degrees, fresh_dense) == fresh_dense, layout
     assert len(dense_by_degrees) < len(layouts) / 4  # the EP variants did share
+
+
+def test_expert_tp_gathers_the_routed_copies_over_its_own_group_by_hand() -> None:
+    """Expert TP shards each expert's width, so the dispatcher all-gathers the copies every
+    rank of the expert-TP group received and reduce-scatters the experts' outputs (each
+    way): priced on the expert-TP group, adjacent ranks, with EP starting past it. A MoE
+    layer without shared experts keeps only attention's TP pair; EP 1 pays no all-to-all."""
+    cm = NdplanCostModel(NO_OVERHEAD)
+    n, h, top_k = 4096, 2048, 2
+    for tp, etp, ep, dp in ((1, 2, 1, 16), (1, 16, 1, 16), (2, 2, 1, 8), (4, 2, 2, 4)):
+        layout = Layout(tp=tp, etp=etp, ep=ep, dp=dp, sp=tp > 1, num_microbatches=1)
+        ctx = make_ctx(layout, moe_model())
+        links = cm.links(ctx, layout)
+        assert links.etp == group_link(ctx.cluster, cm.efficiency(ctx), etp, 1)
+        assert links.ep == group_link(ctx.cluster, cm.efficiency(ctx), ep, etp)
+        gathered = n / tp * top_k * etp * h * 2  # every copy the group received, bf16
+        expert_tp = all_gather_s(links.etp, gathered) + reduce_scatter_s(links.etp, gathered)
+        cost = cm.layer_cost(ctx, layout, MOE)
+        a2a = 2 * all_to_all_s(links.ep, n / tp * top_k * h * 2) if ep > 1 else 0.0
+        assert cost.ep_forward_s == pytest.approx(expert_tp + a2a, rel=1e-12), layout
+        assert cost.ep_backward_s == cost.ep_forward_s
+        dense = cm.layer_cost(ctx, layout, DENSE)
+        assert cost.tp_forward_s == pytest.approx(dense.tp_forward_s / 2, rel=1e-12)
+        assert cost.sp_regather_s == pytest.approx(dense.sp_regather_s / 2, rel=1e-12)
+    # Crossing the node costs more than staying in it: 16 expert-TP ranks over two hosts
+    # move each copy slower than 8 inside one.
+    wide, narrow = (Layout(etp=e, dp=16, num_microbatches=1) for e in (16, 8))
+    per_copy = [
+        cm.layer_cost(make_ctx(lay, moe_model()), lay, MOE).ep_forward_s / lay.etp
+        for lay in (wide, narrow)
+    ]
+    assert per_copy[0] > per_copy[1]
 
 
 def test_tp_all_reduce_by_hand() -> None:
