@@ -851,16 +851,21 @@ def run_phase(
     workers' assumptions merged into this process's report."""
     if not items:
         return []
-    if executor is None or task is None:
-        return local(items)
     # Workers keep their own caches, so candidates that share a layer's costs and fronts
     # go out side by side (the executor hands out contiguous chunks); the values come
-    # back in the given order, so nothing downstream sees the difference.
+    # back in the given order, so nothing downstream sees the difference. This process
+    # takes them in the same order: a candidate that fails is then the first failing
+    # one in that order whatever runs them (an executor raises its earliest chunk's).
     sent = sorted(range(len(items)), key=lambda j: _cache_locality(items[j]))
     values: list[Any] = []
-    for chunk_values, assumptions in executor.map(task, (recipe, phase), [items[j] for j in sent]):
-        values.extend(chunk_values)
-        ctx.recorder.merge(assumptions)
+    if executor is None or task is None:
+        values = local([items[j] for j in sent])
+    else:
+        for chunk_values, assumptions in executor.map(
+            task, (recipe, phase), [items[j] for j in sent]
+        ):
+            values.extend(chunk_values)
+            ctx.recorder.merge(assumptions)
     if len(values) != len(items):
         raise RuntimeError(f"executor returned {len(values)} results for {len(items)} items")
     ordered: list[Any] = [None] * len(items)
