@@ -448,9 +448,12 @@ def summary_line(result: SearchResult) -> str:
 
 
 def ranking_csv(outcome: SearchOutcome) -> str:
+    """The plans whose rank is exact (a bounded search priced others only partly in
+    order: a plan past them may have unpriced layouts ahead of it), in rank order."""
     rows = []
+    exact = outcome.exactly_ranked
     for rank, ((candidate, priced), layers) in enumerate(
-        zip(outcome.ranking, outcome.layers_per_chunk, strict=True), start=1
+        zip(outcome.ranking[:exact], outcome.layers_per_chunk[:exact], strict=True), start=1
     ):
         row = {
             "rank": rank,
@@ -617,7 +620,7 @@ def search_cmd(
             "--distinct",
             help="List one plan per shape (tp·pp·cp·dp·ep·etp): the fastest of each, so "
             "-t 10 shows ten device grids rather than VPP, micro-batch, ZeRO and "
-            "recompute variants of a few; --ranking-csv keeps every plan.",
+            "recompute variants of a few; --ranking-csv keeps every plan ranked exactly.",
         ),
     ] = False,
     baseline: Annotated[
@@ -649,10 +652,11 @@ def search_cmd(
         Path | None,
         typer.Option(
             "--ranking-csv",
-            help="Write every plan that fits, ranked, with its parts and, for an uneven "
-            "split, its layers per chunk (as estimate --layers-per-chunk takes them). "
-            "Every plan is priced for it (as with --exhaustive), so ranks past -t are exact "
-            "too; the search takes longer.",
+            help="Write the ranked plans with their parts and, for an uneven split, their "
+            "layers per chunk (as estimate --layers-per-chunk takes them): each plan whose "
+            "rank among every layout is exact — the top K and every other plan the search "
+            "priced that no layout it bounded out could beat; with --exhaustive, every "
+            "plan that fits.",
             show_default=False,
         ),
     ] = None,
@@ -832,9 +836,7 @@ def search_cmd(
                     options=options,
                     executor=pool,
                     sinks=sinks,
-                    # The file ranks every plan that fits: a bounded search prices only
-                    # enough to settle the top K, so the ranks past it would be wrong.
-                    bounding=not (exhaustive or ranking_out is not None),
+                    bounding=not exhaustive,
                     collect_parts=ranking_out is not None,
                     progress=report,
                     baseline=stated,
@@ -860,6 +862,12 @@ def search_cmd(
             )
         if ranking_out is not None:
             write_atomic(ranking_out, ranking_csv(outcome), force=True)
+            if outcome.exactly_ranked < len(outcome.ranking) or outcome.result.summary.bounded:
+                note(
+                    f"note: {ranking_out} ranks the {outcome.exactly_ranked:,} plans whose "
+                    f"rank is exact (every plan under {outcome.exact_below:.3f} s; the search "
+                    "bounded out the rest); --exhaustive ranks every plan that fits"
+                )
         if exporter is not None and out is not None:
             write_export(
                 exporter,

@@ -1121,6 +1121,13 @@ def search(
         list(order[pos:]) + [i for _, _, i in sorted(floors)] + [i for _, _, i in sorted(heap)]
     )
     bounded = len(unexamined)
+    # The least lower bound left unpriced: no candidate bounded out can step faster, so
+    # every ranked plan faster than it has its exact rank.
+    exact_below = min(
+        quick[order[pos]] if pos < len(order) else math.inf,
+        floors[0][0] if floors else math.inf,
+        heap[0][0] if heap else math.inf,
+    )
     if hooks.refusal is not None:
         for i in unexamined:
             hooks.refusal(candidate_dict(candidates[i]), "bounded")
@@ -1160,7 +1167,9 @@ def search(
         plans=tuple(plans),
         assumptions=tuple(a.describe() for a in ctx.recorder.items),
     )
-    return SearchOutcome(result=result, ranking=ranking, layers_per_chunk=layers_per_chunk)
+    return SearchOutcome(
+        result=result, ranking=ranking, layers_per_chunk=layers_per_chunk, exact_below=exact_below
+    )
 
 
 def _first_of_each_shape(results: list, candidates: Sequence[Candidate], k: int) -> list:
@@ -1203,6 +1212,14 @@ class SearchOutcome:
     ranking: tuple[tuple[dict[str, Any], Priced], ...]
     layers_per_chunk: tuple[str | None, ...]
     """Per ranked plan, an uneven split's layers per chunk (None for the default split)."""
+    exact_below: float = math.inf
+    """Ranked plans stepping faster than this have their exact rank among every layout:
+    the least bound of the candidates bounded out (inf when none was)."""
+
+    @property
+    def exactly_ranked(self) -> int:
+        """How many of the ranked plans, from the first, have their exact rank."""
+        return bisect.bisect_left([p.step_s for _, p in self.ranking], self.exact_below)
 
 
 def _pop_batch(

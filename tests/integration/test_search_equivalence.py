@@ -406,40 +406,33 @@ MAIN = "from ndplan.cli.app import main; main()"
 SECONDS = re.compile(r'"seconds": \{[^{}]*\}')
 
 
-def run_cli(tmp_path: Path, name: str, seed: str) -> tuple[str, bytes, str]:
-    """The bounded search's --json, and the --ranking-csv of every plan that fits with the
-    --json of that run (which prices them all), from fresh interpreters."""
+def run_cli(tmp_path: Path, name: str, seed: str) -> tuple[str, bytes]:
     out = tmp_path / f"{name}.csv"
     env = {**os.environ, "PYTHONHASHSEED": seed, "NDPLAN_NO_PROGRESS": "1"}
     for var in ("NDPLAN_PLUGINS", "NDPLAN_DISABLE_PLUGINS", "NDPLAN_DEBUG", "NDPLAN_JOBS"):
         env.pop(var, None)
-    stdout = []
-    for extra in ((), ("--ranking-csv", str(out))):
-        proc = subprocess.run(
-            [sys.executable, "-c", MAIN, *CLI, "--json", *extra],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=300,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr
-        stdout.append(proc.stdout)
-    return stdout[0], out.read_bytes(), stdout[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", MAIN, *CLI, "--json", "--ranking-csv", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout, out.read_bytes()
 
 
 @pytest.mark.slow
 def test_the_same_inputs_give_the_same_bytes_in_two_processes(tmp_path: Path) -> None:
-    json_a, csv_a, every_a = run_cli(tmp_path, "a", "1")
-    json_b, csv_b, every_b = run_cli(tmp_path, "b", "4242")
+    json_a, csv_a = run_cli(tmp_path, "a", "1")
+    json_b, csv_b = run_cli(tmp_path, "b", "4242")
     data = json.loads(json_a)
     assert set(data["summary"]["seconds"]) == {"enumerate", "memory", "bound", "price", "total"}
     assert len(data["plans"]) == 12 and data["summary"]["bounded"] > 0
     # Only the wall times may differ.
-    for a, b in ((json_a, json_b), (every_a, every_b)):
-        assert SECONDS.sub('"seconds": {}', a) == SECONDS.sub('"seconds": {}', b)
-        assert len(SECONDS.findall(a)) == 1
+    assert SECONDS.sub('"seconds": {}', json_a) == SECONDS.sub('"seconds": {}', json_b)
+    assert len(SECONDS.findall(json_a)) == 1
     assert csv_a == csv_b
-    every = json.loads(every_a)
-    assert every["summary"]["bounded"] == 0 and every["plans"] == data["plans"]
-    assert csv_a.count(b"\n") == every["summary"]["priced"] + 1
+    # The plans ranked exactly: at least the 12 listed, at most every one priced.
+    assert 12 <= csv_a.count(b"\n") - 1 <= data["summary"]["priced"]
