@@ -894,7 +894,7 @@ def search_cmd(
             if tie:
                 stdout.print(Text(tie))
             if result.baseline is not None:
-                stdout.print(Text(baseline_line(result)))
+                stdout.print(Text(baseline_line(result, space)))
                 if result.baseline.plan is not None and result.baseline.rank != 1:
                     stdout.print(baseline_parts_table(result.plans[0], result.baseline.plan))
             chosen = result.plans[explain - 1]
@@ -1188,14 +1188,31 @@ def other_problem(inputs: dict[str, Any], where: str, ctx: PricingContext) -> bo
     return bool(differ)
 
 
-def baseline_line(result: SearchResult) -> str:
-    """Where the user's layout ranks, one line under the ranking."""
+def outside_space(layout: Any, space: SearchSpace | None) -> list[str]:
+    """The placed baseline's values that the search space's fixed lists leave out."""
+    if space is None:
+        return []
+    out = []
+    for name in ("tp", "pp", "vpp", "cp", "dp", "ep", "mbs", "zero", "schedule"):
+        allowed = getattr(space, name)
+        value = getattr(layout, name)
+        if allowed is not None and value not in allowed:
+            out.append(f"{name} {value} where the search took {'|'.join(map(str, allowed))}")
+    return out
+
+
+def baseline_line(result: SearchResult, space: SearchSpace | None = None) -> str:
+    """Where the user's layout ranks, one line under the ranking; a layout the space's
+    fixed values leave out is said to be, as its rank then counts only what was searched."""
     b = result.baseline
     stated = " ".join(f"{k}={_stated(v)}" for k, v in b.stated.items())
     if b.plan is None:
         return f"baseline ({stated}): no layout with these degrees fits; {b.miss}"
     lay = b.plan.layout
     label = layout_label(lay.model_dump())
+    outside = outside_space(lay, space)
+    if outside and not (b.rank == 1 and b.gap is not None and b.gap < 0):
+        label += f" (outside the searched space: {', '.join(outside)})"
     if b.rank == 1 and b.gap is not None and b.gap < 0:
         # Faster than every layout searched: it lies outside the space (a schedule such as
         # DualPipeV is searched only when asked for), so the table's best is not the best.

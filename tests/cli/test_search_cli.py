@@ -1260,6 +1260,20 @@ def test_a_baseline_outside_the_space_and_faster_is_not_called_the_best(capsys) 
     assert "outside the search space; search with its values (tp=1)" in line
 
 
+def test_a_baseline_outside_the_space_and_slower_says_so_beside_its_rank(capsys) -> None:
+    # Its rank counts only the layouts searched (tp 2 here), so the line says what it is
+    # outside of (pp is free: not named); inside the space the same layout has no remark.
+    argv = ("search", *SMALL, "--baseline", "tp=8", "-t", "3")
+    code, out, err = invoke(capsys, *argv, "--tp", "2")
+    assert code == 0, err
+    (line,) = (x for x in out.splitlines() if x.startswith("baseline (tp=8)"))
+    assert "(outside the searched space: tp 8 where the search took 2) ranks " in line
+    code, out, err = invoke(capsys, *argv)
+    assert code == 0, err
+    (line,) = (x for x in out.splitlines() if x.startswith("baseline (tp=8)"))
+    assert "outside" not in line and " ranks " in line
+
+
 @pytest.mark.parametrize("width", [80, 100])
 def test_a_narrow_terminal_keeps_the_rankings_numbers_whole(capsys, monkeypatch, width) -> None:
     monkeypatch.setattr(output.stdout, "_width", width)
