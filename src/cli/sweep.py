@@ -117,6 +117,10 @@ def flag_values(key: str, given: list[str] | None) -> list[Any] | None:
                 ) from None
             if number < 1:
                 raise InvalidInputError(f"{FLAGS[key]} {word}: {number} must be at least 1")
+            if number > MAX_COUNT:  # a typo, refused before any scenario runs
+                raise InvalidInputError(
+                    f"{FLAGS[key]} {word}: at most {MAX_COUNT:,}, got {number:,}"
+                )
             out.append(number)
     return out
 

@@ -176,6 +176,10 @@ def test_no_feasible_scenario_exits_1(capsys) -> None:
             ["-m", "llama-3-8b,", "-d", "h100", "-n", "8", "--gbs", "8", "-s", "2048"],
             "-m/--model llama-3-8b,: an empty value; give e.g. llama-3-8b,llama-3-70b",
         ),
+        (  # named as the flag typed, not as the field it fills
+            ["-m", "llama-3-8b", "-d", "h100", "-n", "8,16777217", "--gbs", "8", "-s", "2048"],
+            "-n/--devices 8,16777217: at most 16,777,216, got 16,777,217",
+        ),
     ],
 )
 def test_bad_inputs_fail_the_sweep_with_one_line(capsys, args: list[str], needle: str) -> None:
