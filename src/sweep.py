@@ -159,7 +159,7 @@ def run_scenario(planner: Any, scenario: Scenario, recipe: SweepRecipe) -> dict:
     what it assumed."""
     recorder = AssumptionRecorder(strict=recipe.strict)
     row = _searched(planner, scenario, recipe, recorder)
-    row["assumed"] = "; ".join(a.describe() for a in recorder.items) or None
+    row["assumed"] = recorder.text() or None
     return row
 
 

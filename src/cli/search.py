@@ -447,11 +447,11 @@ def summary_line(result: SearchResult) -> str:
     )
 
 
-def ranking_csv(outcome: SearchOutcome) -> str:
-    """The plans whose rank is exact (a bounded search priced others only partly in
-    order: a plan past them may have unpriced layouts ahead of it), in rank order."""
+def ranking_csv(outcome: SearchOutcome, exact: int) -> str:
+    """The first ``exact`` ranked plans, those whose rank is exact (a bounded search
+    priced others only partly in order: a plan past them may have unpriced layouts ahead
+    of it), in rank order."""
     rows = []
-    exact = outcome.exactly_ranked
     for rank, ((candidate, priced), layers) in enumerate(
         zip(outcome.ranking[:exact], outcome.layers_per_chunk[:exact], strict=True), start=1
     ):
@@ -861,10 +861,11 @@ def search_cmd(
                 f"pick a rank up to {len(result.plans)}"
             )
         if ranking_out is not None:
-            write_atomic(ranking_out, ranking_csv(outcome), force=True)
-            if outcome.exactly_ranked < len(outcome.ranking) or outcome.result.summary.bounded:
+            exact = outcome.exactly_ranked
+            write_atomic(ranking_out, ranking_csv(outcome, exact), force=True)
+            if outcome.result.summary.bounded:  # else every plan's rank is exact
                 note(
-                    f"note: {ranking_out} ranks the {outcome.exactly_ranked:,} plans whose "
+                    f"note: {ranking_out} ranks the {exact:,} plans whose "
                     f"rank is exact (every plan under {outcome.exact_below:.3f} s; the search "
                     "bounded out the rest); --exhaustive ranks every plan that fits"
                 )
@@ -1210,10 +1211,11 @@ def baseline_line(result: SearchResult, space: SearchSpace | None = None) -> str
         return f"baseline ({stated}): no layout with these degrees fits; {b.miss}"
     lay = b.plan.layout
     label = layout_label(lay.model_dump())
+    faster_than_all = b.rank == 1 and b.gap is not None and b.gap < 0
     outside = outside_space(lay, space)
-    if outside and not (b.rank == 1 and b.gap is not None and b.gap < 0):
+    if outside and not faster_than_all:
         label += f" (outside the searched space: {', '.join(outside)})"
-    if b.rank == 1 and b.gap is not None and b.gap < 0:
+    if faster_than_all:
         # Faster than every layout searched: it lies outside the space (a schedule such as
         # DualPipeV is searched only when asked for), so the table's best is not the best.
         return (

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
-from ndplan.core.assumptions import AssumptionRecorder
+from ndplan.core.assumptions import SEPARATOR, AssumptionRecorder, assumed_line
 from ndplan.core.errors import ExitCode, InvalidInputError, did_you_mean
 from ndplan.core.frameworks import traits_for
 from ndplan.core.units import MAX_COUNT, GiB
@@ -449,7 +449,7 @@ def sweep_cmd(
         # assumed, each once, in field order.
         assumed = {a.describe() for a in recorder.items}
         for row in rows:
-            assumed.update(row["assumed"].split("; ") if row["assumed"] else ())
+            assumed.update(row["assumed"].split(SEPARATOR) if row["assumed"] else ())
         if csv_out is not None:
             write_atomic(csv_out, rows_csv(rows), force=True)
         if as_json:
@@ -464,7 +464,7 @@ def sweep_cmd(
                 )
             )
         if assumed:
-            note("assumed: " + "; ".join(sorted(assumed)))
+            note(assumed_line(sorted(assumed)))
     if not any(r["status"] == "ok" for r in rows):
         raise typer.Exit(int(ExitCode.NO_FEASIBLE_PLAN))
 

@@ -7,10 +7,21 @@ or, in strict mode, is an invalid-input error naming the field.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import InvalidInputError
+
+SEPARATOR = "; "
+"""Between described assumptions, on the ``assumed:`` line and in a sweep row's field."""
+
+
+def assumed_line(described: Iterable[str]) -> str:
+    """One ``assumed:`` line of described assumptions (each ``field=value (reader)``);
+    empty when there are none."""
+    text = SEPARATOR.join(described)
+    return f"assumed: {text}" if text else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,5 +66,9 @@ class AssumptionRecorder:
         """Sorted by field so reports are deterministic whatever the read order."""
         return tuple(sorted(self._seen.values(), key=lambda a: a.field))
 
+    def text(self) -> str:
+        """Every assumption described, in field order, as one field."""
+        return SEPARATOR.join(a.describe() for a in self.items)
+
     def line(self) -> str:
-        return "assumed: " + "; ".join(a.describe() for a in self.items) if self._seen else ""
+        return assumed_line(a.describe() for a in self.items)

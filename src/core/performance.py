@@ -438,7 +438,7 @@ class NdplanCostModel:
 
         ffn = kind.ffn
         ep_fwd = 0.0
-        tp_share, ffn_tp_share = 1.0, 0.5
+        ffn_tp_share = 0.5  # of the mixer's TP traffic, attention's is the other half
         if isinstance(ffn, DenseFFN):
             width = ffn.intermediate_size
             gemm(
@@ -534,15 +534,14 @@ class NdplanCostModel:
                 # The routed experts take the layer's sequence-parallel tokens as they are
                 # (the dispatcher moves them): of the mixer's two TP gather/scatter pairs
                 # (attention and FFN) only attention's runs. Shared experts keep the other.
-                tp_share = 0.5
                 ffn_tp_share = 0.0
 
         kernels = sum(op.kernels for op in built.ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
         return LayerCost(
             ops=tuple(built.ops),
-            tp_forward_s=mixer.tp_forward_s * tp_share,
-            tp_backward_s=mixer.tp_backward_s * tp_share,
-            sp_regather_s=mixer.sp_regather_s * tp_share,
+            tp_forward_s=mixer.tp_forward_s * (0.5 + ffn_tp_share),
+            tp_backward_s=mixer.tp_backward_s * (0.5 + ffn_tp_share),
+            sp_regather_s=mixer.sp_regather_s * (0.5 + ffn_tp_share),
             cp_forward_s=mixer.cp_forward_s,
             cp_backward_s=mixer.cp_backward_s,
             cp_ring_steps=mixer.cp_ring_steps,
