@@ -325,7 +325,14 @@ class NdplanCostModel:
     def tp_overlap(self, ctx: PricingContext, layout: Layout) -> float:
         """Share of the TP collectives hidden under the GEMMs around them: the framework's
         fitted overlap, or none where the job turns TP overlap off. The setting is read
-        only where TP communicates, so tp 1 layouts assume nothing about it."""
+        only where TP communicates, so tp 1 layouts assume nothing about it.
+
+        Without sequence parallelism nothing is hidden: the overlap splits the all-gather
+        and reduce-scatter that SP puts around each GEMM (Megatron refuses
+        --tp-comm-overlap without --sequence-parallel; an all-reduce has no GEMM to hide
+        behind)."""
+        if layout.tp > 1 and not layout.sequence_parallel:
+            return 0.0
         if layout.tp > 1 and not ctx.settings.tp_comm_overlap:
             return 0.0
         return self.overlap(ctx).tp

@@ -119,6 +119,24 @@ def test_megatron_arguments_state_the_plan(planner: Planner, layout: Layout, tmp
         assert granularity is None
 
 
+@pytest.mark.parametrize("stated", [None, True])
+def test_megatron_overlaps_tp_communication_only_with_sequence_parallelism(
+    planner: Planner, tmp_path, stated
+) -> None:
+    """Megatron asserts --sequence-parallel for --tp-comm-overlap: a plan without SP is
+    written without it (and priced with nothing hidden); where the job asked for the
+    overlap, a caveat says why it is left out."""
+    for sp in (True, False):
+        layout = Layout(tp=2, dp=4, num_microbatches=16, zero=1, sp=sp)
+        plan, ctx = priced(planner, "llama-3-8b", 8, 64, 8192, layout, tp_comm_overlap=stated)
+        made = export(planner, "megatron", plan, ctx)
+        args = megatron_args(made.text, tmp_path)
+        assert ("--tp-comm-overlap" in args) == sp
+        assert ("--sequence-parallel" in args) == sp
+        left_out = [c for c in made.caveats if "--tp-comm-overlap" in c]
+        assert bool(left_out) == (not sp and stated is True)
+
+
 def test_megatron_moe_and_fp8_arguments(planner: Planner, tmp_path) -> None:
     layout = Layout(tp=2, pp=8, dp=16, ep=32, etp=1, num_microbatches=16, zero=1, sp=True)
     plan, ctx = priced(

@@ -585,7 +585,7 @@ def fixed_cost(**update) -> LayerCost:
 def fixed_seconds(
     cost: LayerCost, overlap: Overlap, recompute=frozenset(), job: dict | None = None, **layout_kw
 ):
-    layout = Layout(**{"tp": 2, "cp": 2, "num_microbatches": 4, **layout_kw})
+    layout = Layout(**{"tp": 2, "cp": 2, "sp": True, "num_microbatches": 4, **layout_kw})
     ctx = make_ctx(layout, **(job or {}))
     return FixedLayerCost(cost, overlap).layer_seconds(ctx, layout, DENSE, recompute)
 
@@ -612,7 +612,7 @@ def test_hidden_tp_comm_slows_compute_by_its_own_share(nccl, tp, tp_share) -> No
     cm.calibration = Calibration(
         overlap={"default": overlap}, interference=nccl, tp_interference=tp
     )
-    layout = Layout(tp=2, cp=2, num_microbatches=4)
+    layout = Layout(tp=2, cp=2, sp=True, num_microbatches=4)
     secs = cm.layer_seconds(make_ctx(layout), layout, DENSE, frozenset())
     assert secs["tp_comm"] == pytest.approx(0.5 * 0.8 + tp_share * 0.5 * 0.8)
     assert secs["ep_comm"] == pytest.approx(0.5 * 1.0 + nccl * 0.5 * 1.0)
@@ -630,9 +630,22 @@ def test_a_job_without_tp_overlap_exposes_every_tp_collective(tp_overlap: float)
     assert full["recompute"] == pytest.approx(3.375 + 0.4 + 0.5 + max(0.0, 0.3 - 1.0 / 2))
 
 
+@pytest.mark.parametrize("stated", [None, True])
+def test_without_sequence_parallelism_no_tp_collective_is_hidden(stated) -> None:
+    """The overlap splits SP's all-gather and reduce-scatter around each GEMM; Megatron
+    refuses --tp-comm-overlap without --sequence-parallel. With SP off the TP traffic is
+    all exposed, whatever the job says, and the setting is not read (nor assumed)."""
+    secs = fixed_seconds(fixed_cost(), Overlap(tp=0.8), job={"tp_comm_overlap": stated}, sp=False)
+    assert secs["tp_comm"] == pytest.approx(0.8)
+    layout = Layout(tp=2, sp=False, num_microbatches=4)
+    ctx = make_ctx(layout)
+    FixedLayerCost(fixed_cost(), Overlap(tp=0.8)).layer_seconds(ctx, layout, DENSE, frozenset())
+    assert "job.tp_comm_overlap" not in [a.field for a in ctx.recorder.items]
+
+
 def test_tp_overlap_is_assumed_only_where_tp_communicates() -> None:
     for tp, assumed in ((1, False), (2, True)):
-        layout = Layout(tp=tp, num_microbatches=4)
+        layout = Layout(tp=tp, sp=True, num_microbatches=4)
         ctx = make_ctx(layout)
         FixedLayerCost(fixed_cost(), Overlap(tp=0.5)).layer_seconds(ctx, layout, DENSE, frozenset())
         fields = [a.field for a in ctx.recorder.items]
@@ -1242,7 +1255,8 @@ def test_expert_tp_gathers_the_routed_copies_over_its_own_group_by_hand() -> Non
 
 
 def test_tp_all_reduce_by_hand() -> None:
-    """TP = 8 without SP on one H100 node: two all-reduces of s·b·h per layer, each way."""
+    """TP = 8 without SP on one H100 node: two all-reduces of s·b·h per layer, each way,
+    all of them exposed (the TP overlap splits SP's gathers; it has none to split here)."""
     layout = Layout(tp=8, mbs=2, num_microbatches=2)
     ctx = make_ctx(layout, seq=2048)
     for overlap in (0.0, 0.25):
@@ -1254,7 +1268,7 @@ def test_tp_all_reduce_by_hand() -> None:
         assert cost.tp_forward_s == pytest.approx(2 * ar, rel=1e-12)
         assert cost.tp_backward_s == cost.tp_forward_s
         secs = cm.layer_seconds(ctx, layout, DENSE, frozenset())
-        assert secs["tp_comm"] == pytest.approx((1 - overlap) * 4 * ar, rel=1e-12)
+        assert secs["tp_comm"] == pytest.approx(4 * ar, rel=1e-12)
 
 
 def test_sp_gathers_and_scatters_cost_the_same_as_all_reduces() -> None:
@@ -1423,7 +1437,7 @@ def test_full_recompute_is_the_forward_plus_exposed_forward_comm(layout: Layout,
     full = cm.layer_seconds(ctx, layout, kind, None)
     none = cm.layer_seconds(ctx, layout, kind, frozenset())
     exposed = (
-        cost.tp_forward_s * (1 - ov.tp)
+        cost.tp_forward_s * (1 - ov.tp if layout.sequence_parallel else 1)
         + cost.ep_forward_s * (1 - ov.ep)
         + cp_forward_exposed(cost, ov.cp, layout.cp)
     )

@@ -222,8 +222,14 @@ class MegatronExporter:
         ]
         if lay.sequence_parallel:
             args.append(["--sequence-parallel"])
-        if lay.tp > 1 and job.tp_comm_overlap:
+        if lay.sequence_parallel and job.tp_comm_overlap:
             args.append(["--tp-comm-overlap"])
+        elif lay.tp > 1 and ctx.job.tp_comm_overlap:
+            # Megatron asserts sequence parallelism for it; the time model hid nothing.
+            caveats.append(
+                "--tp-comm-overlap left out: Megatron overlaps TP communication only with "
+                "--sequence-parallel, which this plan runs without"
+            )
         if lay.cp > 1:
             args.append(["--cp-comm-type", "a2a" if job.cp_kind == "all_to_all" else "p2p"])
         if lay.zero >= 1:
