@@ -6,6 +6,7 @@ inputs (names, numbers) or domain models and return domain models.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -70,6 +71,29 @@ class PricingOptions:
     """Reuse priced parts across candidates (turn off only to measure what reuse buys)."""
 
 
+CONTEXT_OPTIONS = ("max_mem_gib", "balance_reserve_gib", "reserve_gib", "calibration", "memoize")
+"""The options a context is made with (its budget, its fit, its reuse); the others choose
+the ports that price, and a call may name its own."""
+
+
+def check_memory_budget(
+    max_mem_gib: float | None, device: DeviceSpec, where: str = "max_mem_gib"
+) -> None:
+    """The memory budget is the usable part of the device's memory: positive, finite, and
+    no more than the device has (a larger device is a device file, not a bigger budget).
+    ``where`` names where the budget was given (an option, a flag, a file's ``max_mem``)."""
+    if max_mem_gib is None:
+        return
+    if not math.isfinite(max_mem_gib) or max_mem_gib <= 0:
+        raise InvalidInputError(f"{where}: must be a positive number of GiB, got {max_mem_gib}")
+    if max_mem_gib > device.memory_gib:
+        raise InvalidInputError(
+            f"{where}: {max_mem_gib:g} GiB is more than the {device.id}'s "
+            f"{device.memory_gib:g} GiB; give at most {device.memory_gib:g}, or describe a "
+            "larger device with --device-file"
+        )
+
+
 class Planner:
     """Searches and prices layouts with the components the plugins contributed."""
 
@@ -100,8 +124,26 @@ class Planner:
         options: PricingOptions | None = None,
         recorder: AssumptionRecorder | None = None,
         devices_per_node: int | None = None,
+        option_names: Mapping[str, str] | None = None,
     ) -> PricingContext:
+        """What every pricing of one problem shares. ``options`` holds for every call on
+        the context that names none; a call's own options may choose other ports, not
+        another budget, fit or reuse (``CONTEXT_OPTIONS``: those make another context).
+        ``option_names``: how the caller's user spells an option (the CLI's flags), for
+        the error lines."""
         opts = options or PricingOptions()
+        names = {**{name: name for name in CONTEXT_OPTIONS}, **(option_names or {})}
+        check_memory_budget(opts.max_mem_gib, device, names["max_mem_gib"])
+        for name in ("balance_reserve_gib", "reserve_gib"):
+            value = getattr(opts, name)
+            if value is not None and not math.isfinite(value):
+                raise InvalidInputError(
+                    f"{names[name]}: must be a finite number of GiB, got {value}"
+                )
+            if value is not None and value < 0:
+                raise InvalidInputError(f"{names[name]}: must be at least 0 GiB, got {value:g}")
+        if opts.bucket_bytes < 1:
+            raise InvalidInputError(f"bucket_bytes: must be at least 1, got {opts.bucket_bytes}")
         capacity = int(opts.max_mem_gib * GiB) if opts.max_mem_gib is not None else None
         try:
             cluster = Cluster(
@@ -109,7 +151,7 @@ class Planner:
             )
         except ValidationError as exc:
             raise InvalidInputError(field_error(exc)) from None
-        return PricingContext(
+        ctx = PricingContext(
             model=model,
             cluster=cluster,
             job=job,
@@ -119,11 +161,36 @@ class Planner:
             balance_reserve_bytes=int(opts.balance_reserve_gib * GiB),
             reserve_bytes=int(opts.reserve_gib * GiB) if opts.reserve_gib is not None else None,
             memoize=opts.memoize,
+            options=opts,
         )
+        # Reserves that leave nothing to plan in would only show up later as "no layout
+        # fits in -420 GiB"; they are invalid input.
+        capacity_gib = ctx.device_capacity_bytes / GiB
+        if ctx.budget_bytes <= 0:
+            raise InvalidInputError(
+                f"{names['balance_reserve_gib']}: {opts.balance_reserve_gib:g} GiB leaves "
+                f"nothing of the {capacity_gib:.2f} GiB per device; give less than "
+                f"{capacity_gib:.2f}"
+            )
+        # A stated runtime reserve that takes it all is a typo; the device's own reserve
+        # under a small budget is a problem with too little memory (exit 1, the closest miss).
+        if opts.reserve_gib is not None and ctx.fixed_reserve_bytes >= ctx.budget_bytes:
+            raise InvalidInputError(
+                f"{names['reserve_gib']}: {ctx.fixed_reserve_bytes / GiB:g} GiB leaves "
+                f"nothing of the {ctx.budget_bytes / GiB:.2f} GiB per device to plan in; give "
+                f"less than {ctx.budget_bytes / GiB:.2f}"
+            )
+        return ctx
 
     def pricer(self, ctx: PricingContext, options: PricingOptions | None = None) -> Pricer:
-        opts = options or PricingOptions()
+        """The ports ``options`` (else the context's own) choose, pricing on ``ctx`` or, for
+        ports other than those that first priced it, on a twin of it with its own cache
+        (priced parts are the ports' and must not leak from one choice to another)."""
+        opts = self._options(ctx, options)
         comps = self.components
+        ctx = ctx.for_pricing(
+            (opts.memory_model, opts.cost_model, opts.knapsack_solver, opts.bucket_bytes)
+        )
         # Factory signatures are documented on the registration hooks.
         memory = create(comps.memory_models, opts.memory_model, MemoryModel)
         cost = create(comps.cost_models, opts.cost_model, CostModel, ctx.calibration)
@@ -132,6 +199,22 @@ class Planner:
         )
         return Pricer(ctx, memory, cost, solver)
 
+    @staticmethod
+    def _options(ctx: PricingContext, options: PricingOptions | None) -> PricingOptions:
+        """A call's options, checked against the context's: one that asks for another
+        budget, fit or reuse would otherwise be silently priced with the context's."""
+        made = ctx.options if isinstance(ctx.options, PricingOptions) else PricingOptions()
+        if options is None:
+            return made
+        for name in CONTEXT_OPTIONS:
+            if getattr(options, name) != getattr(made, name):
+                raise InvalidInputError(
+                    f"{name}: {getattr(options, name)!r} differs from the context's "
+                    f"{getattr(made, name)!r}; it is set when the context is made: pass these "
+                    "options to planner.context(..., options=...)"
+                )
+        return options
+
     # ------------------------------------------------------------------ one layout
 
     def estimate(
@@ -139,10 +222,10 @@ class Planner:
     ) -> Plan:
         """Price one layout: memory per stage, the recompute choice, the step time."""
         validate_layout(ctx, layout)
-        opts = options or PricingOptions()
+        opts = self._options(ctx, options)
         pricer = self.pricer(ctx, opts)
         if opts.memory_model == "megatron":
-            memory = pricer.memory.breakdown(ctx, layout)
+            memory = pricer.memory.breakdown(pricer.ctx, layout)
             priced = pricer.price(layout)
             plan = pricer.plan(priced)
             return plan.model_copy(update={"memory": memory})
@@ -234,15 +317,15 @@ class Planner:
         the fastest layout with them, the others searched as in ``space``, is placed in
         the full ranking (``result.baseline``). Every layout that could be faster is then
         priced, so its rank is exact; the top K is the same as without it."""
-        opts = options or PricingOptions()
+        opts = self._options(ctx, options)
         if top_k < 1:
-            raise InvalidInputError(f"--top: must be at least 1, got {top_k}")
+            raise InvalidInputError(f"top_k: must be at least 1, got {top_k}")
         check_precision(ctx)
         debug = bool(sinks) or collect_parts
+        pricer = self.pricer(ctx, opts)
+        ctx = pricer.ctx  # the one whose cache these ports fill
         # Failures name the candidate and whether a plugin raised (exit 4) or ndplan (5).
-        pricing = GuardedPricing(
-            SearchPricing(self.pricer(ctx, opts), debug=debug), self.components.plugin_modules
-        )
+        pricing = GuardedPricing(SearchPricing(pricer, debug=debug), self.components.plugin_modules)
         plugins = self.components.plugin_modules
         rules = [
             (name, guarded_rule(name, rule, plugins))

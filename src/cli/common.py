@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,11 +11,10 @@ from pydantic import ValidationError
 
 from ndplan.adapters.yamlfile import read_yaml_file
 from ndplan.core.assumptions import AssumptionRecorder
-from ndplan.core.cluster import DeviceSpec
 from ndplan.core.errors import InvalidInputError, did_you_mean, error_field, field_error
 from ndplan.core.job import Job
 from ndplan.core.layout import Layout
-from ndplan.core.units import MAX_COUNT, GiB
+from ndplan.core.units import MAX_COUNT
 from ndplan.planner import Planner, PricingOptions
 
 from .options import State
@@ -372,22 +370,12 @@ def a2a_overlap_inapplicable(layout: Layout) -> str | None:
     return None
 
 
-def check_memory_budget(
-    max_mem_gib: float | None, device: DeviceSpec, where: str = "--max-mem"
-) -> None:
-    """--max-mem is the usable part of the device's memory: positive, finite, and no more
-    than the device has (a larger device is a --device-file, not a bigger budget).
-    ``where`` names where the budget was given (the flag, or a file's ``max_mem``)."""
-    if max_mem_gib is None:
-        return
-    if not math.isfinite(max_mem_gib) or max_mem_gib <= 0:
-        raise InvalidInputError(f"{where}: must be a positive number of GiB, got {max_mem_gib}")
-    if max_mem_gib > device.memory_gib:
-        raise InvalidInputError(
-            f"{where}: {max_mem_gib:g} GiB is more than the {device.id}'s "
-            f"{device.memory_gib:g} GiB; give at most {device.memory_gib:g}, or describe a "
-            "larger device with --device-file"
-        )
+OPTION_FLAGS = {
+    "max_mem_gib": "--max-mem",
+    "balance_reserve_gib": "--reserve",
+    "reserve_gib": "--runtime-reserve",
+}
+"""The flags that set the pricing options, as the planner's error lines name them."""
 
 
 def build_context(
@@ -408,28 +396,13 @@ def build_context(
     recorder = AssumptionRecorder(strict=strict)
     spec = planner.model(model, recorder)
     dev = planner.device(device)
-    check_memory_budget(options.max_mem_gib, dev, budget_from)
-    for flag, value in (
-        ("--reserve", options.balance_reserve_gib),
-        ("--runtime-reserve", options.reserve_gib),
-    ):
-        if value is not None and not math.isfinite(value):
-            raise InvalidInputError(f"{flag}: must be a finite number of GiB, got {value}")
-    ctx = planner.context(spec, dev, devices, job.job(), options=options, recorder=recorder)
-    # Reserves that leave nothing to plan in would only show up later as "no layout fits
-    # in -420 GiB"; they are invalid input.
-    capacity = ctx.device_capacity_bytes / GiB
-    if ctx.budget_bytes <= 0:
-        raise InvalidInputError(
-            f"--reserve: {options.balance_reserve_gib:g} GiB leaves nothing of the "
-            f"{capacity:.2f} GiB per device; give less than {capacity:.2f}"
-        )
-    # A stated runtime reserve that takes it all is a typo; the device's own reserve under
-    # a small --max-mem is a problem with too little memory (exit 1, the closest miss).
-    if options.reserve_gib is not None and ctx.fixed_reserve_bytes >= ctx.budget_bytes:
-        raise InvalidInputError(
-            f"--runtime-reserve: {ctx.fixed_reserve_bytes / GiB:g} GiB leaves nothing of the "
-            f"{ctx.budget_bytes / GiB:.2f} GiB per device to plan in; give less than "
-            f"{ctx.budget_bytes / GiB:.2f}"
-        )
+    ctx = planner.context(
+        spec,
+        dev,
+        devices,
+        job.job(),
+        options=options,
+        recorder=recorder,
+        option_names=OPTION_FLAGS | {"max_mem_gib": budget_from},
+    )
     return planner, ctx

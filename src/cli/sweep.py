@@ -23,7 +23,7 @@ from ndplan.core.assumptions import SEPARATOR, AssumptionRecorder, assumed_line
 from ndplan.core.errors import ExitCode, InvalidInputError, did_you_mean
 from ndplan.core.frameworks import traits_for
 from ndplan.core.units import MAX_COUNT, GiB
-from ndplan.planner import Planner
+from ndplan.planner import Planner, check_memory_budget
 from ndplan.sweep import ROW_FIELDS, Scenario, SweepRecipe, run_sweep
 
 from .common import (
@@ -33,7 +33,6 @@ from .common import (
     JobInputs,
     MaxMemOpt,
     PrecisionOpt,
-    check_memory_budget,
     job_settings,
     load_job_file,
     read_yaml,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -530,10 +531,15 @@ class PricingContext:
     cache: dict[Any, Any] = field(default_factory=dict)
     memoize: bool = True
     """Reuse priced parts across candidates (off only to measure what reuse buys)."""
+    options: Any = None
+    """The pricing options the facade made it with (``ndplan.planner.PricingOptions``);
+    None for a context made directly."""
 
     def __post_init__(self) -> None:
         if not self.memoize:
             self.cache = _NoCache()
+        self._pricing_choice: Any = None
+        self._twins: dict[Any, PricingContext] = {}
         self.settings = JobSettings(self.job, self.recorder)
         self._pairs_a2a: bool | None = None
         """Whether the combined 1F1B schedule runs (``unpaired_share``); None until read."""
@@ -548,6 +554,21 @@ class PricingContext:
             if self.model.mtp_kind
             else None
         )
+
+    def for_pricing(self, choice: Any) -> PricingContext:
+        """This context for the ports ``choice`` names (memory model, cost model, solver,
+        …): itself for the first choice that prices on it, else a twin with the same
+        inputs, recorder and options and a cache of its own, kept for that choice. Priced
+        parts are the ports', so one choice never reads what another cached."""
+        if self._pricing_choice is None:
+            self._pricing_choice = choice
+        if choice == self._pricing_choice:
+            return self
+        twin = self._twins.get(choice)
+        if twin is None:
+            twin = self._twins[choice] = dataclasses.replace(self, cache={})
+            twin._pricing_choice = choice
+        return twin
 
     @property
     def device(self) -> DeviceSpec:

@@ -1,0 +1,141 @@
+"""The library facade's pricing options: where each is set, that each is checked, and that
+pricing one context with other ports never reads what the first ports cached."""
+
+from __future__ import annotations
+
+import pytest
+
+from ndplan.bootstrap import bootstrap
+from ndplan.core.errors import InvalidInputError
+from ndplan.core.job import Job
+from ndplan.core.layout import Layout, SearchSpace
+from ndplan.core.performance import NdplanCostModel
+from ndplan.planner import Planner, PricingOptions
+from ndplan.plugins.hookspecs import hookimpl
+
+LAYOUT = Layout(tp=4, pp=2, dp=8, mbs=1, num_microbatches=64, zero=1, sp=True)
+
+
+class SlowTensorParallel(NdplanCostModel):
+    """The analytic model with TP traffic three times as slow: a second cost model."""
+
+    def layer_seconds(self, ctx, layout, kind, recompute):
+        parts = dict(super().layer_seconds(ctx, layout, kind, recompute))
+        parts["tp_comm"] *= 3.0
+        return parts
+
+
+class SlowTensorParallelPlugin:
+    @hookimpl
+    def ndplan_register_cost_models(self, registry):
+        registry.add("slow-tp", SlowTensorParallel)
+
+
+@pytest.fixture(scope="module")
+def planner() -> Planner:
+    return Planner(bootstrap(extra=[SlowTensorParallelPlugin()]))
+
+
+def context(planner: Planner, options: PricingOptions | None = None):
+    return planner.context(
+        planner.model("llama-3-8b"),
+        planner.device("h100"),
+        64,
+        Job(global_batch_size=512, seq_length=8192),
+        options=options,
+    )
+
+
+def step(plan) -> float:
+    return plan.time.step_s
+
+
+@pytest.mark.parametrize("first", ["ndplan", "slow-tp"])
+def test_a_second_cost_model_on_one_context_prices_as_on_a_fresh_one(planner, first) -> None:
+    fresh = {
+        name: step(planner.estimate(context(planner), LAYOUT, PricingOptions(cost_model=name)))
+        for name in ("ndplan", "slow-tp")
+    }
+    assert fresh["slow-tp"] > fresh["ndplan"]
+    shared = context(planner)
+    second = "slow-tp" if first == "ndplan" else "ndplan"
+    for name in (first, second):
+        plan = planner.estimate(shared, LAYOUT, PricingOptions(cost_model=name))
+        assert step(plan) == fresh[name], name
+
+
+def test_a_second_memory_model_on_one_context_prices_as_on_a_fresh_one(planner) -> None:
+    fresh = planner.estimate(context(planner), LAYOUT).memory.peak_bytes
+    shared = context(planner)
+    planner.estimate(shared, LAYOUT, PricingOptions(memory_model="megatron"))
+    assert planner.estimate(shared, LAYOUT).memory.peak_bytes == fresh
+
+
+def test_a_search_with_another_cost_model_on_a_used_context(planner) -> None:
+    space = SearchSpace(tp=(4,), pp=(2,))
+    slow = PricingOptions(cost_model="slow-tp")
+    fresh = planner.search(context(planner), space, top_k=3, options=slow).result.plans
+    shared = context(planner)
+    planner.search(shared, space, top_k=3)
+    again = planner.search(shared, space, top_k=3, options=slow).result.plans
+    assert [step(p) for p in again] == [step(p) for p in fresh]
+
+
+def test_the_contexts_options_hold_for_calls_that_name_none(planner) -> None:
+    slow = PricingOptions(cost_model="slow-tp")
+    ctx = context(planner, slow)
+    assert step(planner.estimate(ctx, LAYOUT)) == step(
+        planner.estimate(context(planner), LAYOUT, slow)
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("max_mem_gib", 60.0), ("reserve_gib", 5.0), ("balance_reserve_gib", 2.0), ("memoize", False)],
+)
+def test_a_call_cannot_change_the_contexts_budget_fit_or_reuse(planner, name, value) -> None:
+    ctx = context(planner)
+    options = PricingOptions(**{name: value})
+    for call in (
+        lambda: planner.estimate(ctx, LAYOUT, options),
+        lambda: planner.search(ctx, SearchSpace(tp=(4,), pp=(2,)), options=options),
+    ):
+        with pytest.raises(InvalidInputError, match=rf"^{name}: .*planner\.context"):
+            call()
+    # Given to the context, the same option is used.
+    made = context(planner, options)
+    assert planner.estimate(made, LAYOUT).memory is not None
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            PricingOptions(max_mem_gib=1000),
+            r"^max_mem_gib: 1000 GiB is more than the h100-sxm's 80 GiB",
+        ),
+        (PricingOptions(max_mem_gib=-5), r"^max_mem_gib: must be a positive number of GiB"),
+        (PricingOptions(reserve_gib=-30), r"^reserve_gib: must be at least 0 GiB, got -30"),
+        (PricingOptions(balance_reserve_gib=-10), r"^balance_reserve_gib: must be at least 0 GiB"),
+        (PricingOptions(balance_reserve_gib=80), r"^balance_reserve_gib: 80 GiB leaves nothing"),
+        (PricingOptions(reserve_gib=float("nan")), r"^reserve_gib: must be a finite number"),
+        (PricingOptions(bucket_bytes=0), r"^bucket_bytes: must be at least 1"),
+    ],
+)
+def test_pricing_options_are_checked_where_the_context_is_made(planner, options, message) -> None:
+    with pytest.raises(InvalidInputError, match=message):
+        context(planner, options)
+
+
+def test_top_k_is_named_as_the_library_spells_it(planner) -> None:
+    with pytest.raises(InvalidInputError, match=r"^top_k: must be at least 1, got 0"):
+        planner.search(context(planner), SearchSpace(), top_k=0)
+
+
+def test_the_public_names_resolve_from_the_package() -> None:
+    import ndplan
+
+    public = set(ndplan.__all__) - {"__version__"}
+    assert public == set(ndplan._PUBLIC)
+    for name in public:
+        assert getattr(ndplan, name).__name__ == name
