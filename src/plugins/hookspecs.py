@@ -1,8 +1,9 @@
 """Hook specifications: how a plugin contributes components to ndplan.
 
-Every hook is called once per run, when the plugin manager assembles the
-components; nothing calls a hook per candidate. Every ``registry`` argument has
-``registry.add(name, value, replace=False, aliases=())``: a name is registered
+Every hook is called when a process assembles the components: in the run's own
+process, and again in each worker process of a parallel executor (so a hook only
+registers; side effects would repeat). Nothing calls a hook per candidate. Every ``registry`` argument has ``registry.add(name, value, *,
+replace=False, aliases=())`` (the last two by keyword): a name is registered
 once, and a plugin that means to replace a built-in says so with ``replace=True``.
 Built-in implementations are marked ``trylast``, so a user's plugin is asked
 first. All hooks return None; their effect is what they add to the registry.
@@ -105,7 +106,7 @@ def ndplan_register_debug_sinks(registry):
     """Contribute debug sinks (the DebugSink port).
 
     :param registry: a registry of factories by name; ``factory()`` returns a
-        DebugSink. Built in: ``csv``, ``jsonl``, ``null``.
+        DebugSink. Built in: ``csv``, ``jsonl``, ``stderr``, ``null``.
     """
 
 

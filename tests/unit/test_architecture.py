@@ -222,7 +222,7 @@ def test_the_extension_examples_in_architecture_md_work(tmp_path: Path) -> None:
     names = {p.__name__ for p in plugins}
     assert comps.devices.entry("lab accel").plugin in names
     assert comps.readers.entry("myframework").plugin in names
-    assert comps.debug_sinks.entry("stdout-jsonl").plugin in names
+    assert comps.debug_sinks.entry("stderr-jsonl").plugin in names
     cost = comps.cost_models.entry("ndplan")
     assert (cost.plugin in names, cost.replaced) == (True, "ndplan.builtin")
 
