@@ -426,7 +426,7 @@ class Pricer:
         self, layout: Layout, stages: tuple[StagePlacement, ...], static_totals: list[int]
     ) -> PricedLayout:
         """The fastest setting the framework's config states that fits (the first of
-        equals, in ``stated_settings`` order); where none fits, the lightest, priced as
+        equals, in ``stated_settings`` order); where none fits, full recompute, priced as
         such. Each setting's memory is checked before its time is priced."""
         ctx = self.ctx
         budget = ctx.budget_bytes
@@ -458,8 +458,9 @@ class Pricer:
                 priced.layer_options = tuple(options)
                 best = priced
         if best is None:
-            lightest = OFFLOADED if activation_offload_offered(ctx) else None
-            return self._price_fixed(layout, stages, static_totals, lightest)
+            # Full recompute on every layer: the lightest setting a config states (one that
+            # offloads every layer is none: Megatron offloads fewer than all of them).
+            return self._price_fixed(layout, stages, static_totals, None)
         return best
 
     def _price_fixed(

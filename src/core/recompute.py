@@ -206,9 +206,10 @@ def stated_settings(ctx: PricingContext, layout: Layout) -> tuple[StatedRecomput
     longest = max(layer_counts(ctx.model, layout))
     if fw.stated_recompute == STATED_FIRST_IN_CHUNK:
         out.extend(StatedRecompute(FULL, first=n) for n in range(1, longest))
-        if activation_offload_offered(ctx):
+        if activation_offload_offered(ctx) and layout.pp == 1:
+            # Megatron-Core offloads the first --cpu-offloading-num-layers layers, fewer
+            # than all of them, and refuses it under pipeline parallelism.
             out.extend(StatedRecompute(OFFLOAD, first=n) for n in range(1, longest))
-            out.append(StatedRecompute(OFFLOAD))
     elif fw.stated_recompute == STATED_EVERY_NTH:
         most = most_per_stage(layer_counts(ctx.model, layout), chunk_stages(layout))
         out.extend(StatedRecompute(FULL, every=n) for n in range(2, most + 1))

@@ -1316,9 +1316,9 @@ def _closest_message(ctx: PricingContext, closest: tuple[int, int, Candidate] | 
     keys = ("tp", "pp", "vpp", "cp", "dp", "ep", "etp", "mbs", "zero")
     degrees = " ".join(f"{k} {d[k]}" for k in keys)
     auto = d["recompute"] in ("auto", "stated")
-    # auto and stated, and none where offload is offered, were priced with every layer
-    # offloaded
-    offload = d["recompute"] in ("auto", "stated", "none") and activation_offload_offered(ctx)
+    # auto, and none where offload is offered, were priced with every layer offloaded;
+    # stated with full recompute (no config offloads every layer)
+    offload = d["recompute"] in ("auto", "none") and activation_offload_offered(ctx)
     lightest = "activations offloaded" if offload else "recompute full"
     extras = [f"sp {'on' if d['sp'] else 'off'}", d["schedule"]]
     if not auto:

@@ -187,6 +187,27 @@ def test_megatron_recompute_without_a_pricer_saves_at_least_the_planned_memory(
 
 
 @pytest.mark.parametrize(
+    ("parts", "offloads"),
+    [
+        ((chunk("offload offload offload none"),), 3),  # the first 3 of 4, no PP: runs
+        ((chunk("offload offload offload offload"),), None),  # every layer: Megatron refuses
+        ((chunk("offload none"), chunk("offload none", 1)), None),  # under PP: refused
+    ],
+)
+def test_megatron_writes_activation_offload_only_as_megatron_core_runs_it(parts, offloads) -> None:
+    """Megatron-Core offloads --cpu-offloading-num-layers N < L layers, and not under
+    pipeline parallelism; other offloading is written as whole layers recomputed (as much
+    memory saved, a caveat saying so)."""
+    args, caveats, _ = recompute_args(parts, plan=None, ctx=None)
+    if offloads is None:
+        assert "--cpu-offloading" not in args and caveats
+        assert args[:2] == ["--recompute-granularity", "full"]
+    else:
+        assert args == ["--cpu-offloading", "--cpu-offloading-num-layers", str(offloads)]
+        assert caveats == []
+
+
+@pytest.mark.parametrize(
     ("parts", "settings", "exact"),
     [
         ((chunk("full full full"),), {"mode": "full"}, True),

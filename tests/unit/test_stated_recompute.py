@@ -68,9 +68,13 @@ def test_megatron_states_module_sets_on_every_layer_and_whole_layers_first_in_ea
     uniform = ["none", "core_attn", "norm", "mlp", "core_attn+norm", "core_attn+mlp",
                "norm+mlp", "core_attn+norm+mlp", "full"]  # fmt: skip
     assert names == [(u, 0) for u in uniform] + [("full", n) for n in (1, 2, 3)]
+    # Megatron-Core offloads activations (the first N < L layers) only without PP.
     offloading, _ = context(planner, "megatron", activation_offload=True)
-    extra = [(s.option, s.first) for s in stated_settings(offloading, layout)][len(names) :]
-    assert extra == [("offload", 1), ("offload", 2), ("offload", 3), ("offload", 0)]
+    assert [(s.option, s.first) for s in stated_settings(offloading, layout)] == names
+    single = Layout(tp=2, dp=4, num_microbatches=8, zero=1, sp=True)  # 32 layers, one chunk
+    plain = [(s.option, s.first) for s in stated_settings(ctx, single)]
+    extra = [(s.option, s.first) for s in stated_settings(offloading, single)][len(plain) :]
+    assert extra == [("offload", n) for n in range(1, 32)]
 
 
 def test_megatron_offers_every_switch_of_any_layer_kind(planner) -> None:

@@ -81,6 +81,12 @@ def offload(n: int) -> list[str]:
     return ["--cpu-offloading", "--cpu-offloading-num-layers", str(n)]
 
 
+def offload_states(parts: tuple[Chunk, ...], n: int) -> bool:
+    """Whether ``--cpu-offloading-num-layers n`` runs: Megatron-Core offloads fewer than
+    all the layers, and refuses it under pipeline parallelism (one chunk only)."""
+    return len(parts) == 1 and n < len(parts[0].options)
+
+
 def _name(union: frozenset[str]) -> str:
     return "+".join(s for s in SWITCHES if s in union) or NONE
 
@@ -97,6 +103,8 @@ def exact_args(parts: tuple[Chunk, ...]) -> list[str] | None:
     for option, args in ((FULL, block), (OFFLOAD, offload)):
         if used <= {NONE, option}:
             most = max(c.count(option) for c in parts)
+            if option == OFFLOAD and not offload_states(parts, most):
+                return None
             return args(most) if all(c.leads_with(option, most) for c in parts) else None
     if len(used) == 1:
         modules = [MODULES[s] for s in MODULES if s in switches(next(iter(used)))]
@@ -137,10 +145,11 @@ def _first_words(n: int, what: str) -> str:
 def memory_safe(parts: tuple[Chunk, ...]) -> Setting:
     """A setting that saves at least the planned memory on every layer: whole layers
     where the plan recomputes any whole or offloads (the first N of each chunk), else
-    the union of its modules on every layer."""
+    the union of its modules on every layer. Offloading that Megatron cannot run (every
+    layer, or under pipeline parallelism) is written as whole layers recomputed."""
     used = options_used(parts)
-    if used <= {NONE, OFFLOAD}:
-        most = max(c.count(OFFLOAD) for c in parts)
+    most = max(c.count(OFFLOAD) for c in parts)
+    if used <= {NONE, OFFLOAD} and offload_states(parts, most):
         return Setting(
             offload(most), _first_words(most, "activation offload"), _first(parts, most, OFFLOAD)
         )
