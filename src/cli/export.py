@@ -145,7 +145,7 @@ def stand_in_line(
     if exporter is None or plan.time is None:
         return None
     written = render(exporter, plan, ctx, price).stand_in
-    if written is None or written.plan.time is None:
+    if written is None or written.plan is None or written.plan.time is None:
         return None
     step, planned = written.plan.time.step_s, plan.time.step_s
     fits = written.plan.memory.fits

@@ -198,8 +198,9 @@ class StandIn:
 
     description: str
     """The setting written, in words (``full recompute of the first 2 layers of each chunk``)."""
-    plan: Plan
-    """The plan's layout priced with that setting."""
+    plan: Plan | None
+    """The plan's layout priced with that setting; None where the exporter was given no
+    pricer (the header then says the setting is not priced)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -152,6 +152,24 @@ def test_megatron_moe_and_fp8_arguments(planner: Planner, tmp_path) -> None:
     assert spelled.endswith("mL")
 
 
+@pytest.mark.parametrize("name", ["megatron", "torchtitan"])
+def test_an_export_without_a_pricer_says_its_stand_in_is_not_priced(planner, name) -> None:
+    """Rendered without a pricer (a library caller may), a stand-in recompute is written
+    unpriced: the header must not give the plan's own figures as the file's."""
+    zero = 1 if name == "megatron" else 3
+    layout = Layout(
+        dp=4, tp=4, pp=4, mbs=1, num_microbatches=128, zero=zero, sp=True, recompute="auto"
+    )
+    plan, ctx = priced(planner, "llama-3-70b", 64, 512, 8192, layout, framework=name)
+    made = export(planner, name, plan, ctx)
+    predicted = next(line for line in made.text.splitlines() if "predicted:" in line)
+    assert "not priced as written" in predicted and f"{plan.time.step_s:.3f} s" in predicted
+    priced_made = export(
+        planner, name, plan, ctx, price=lambda o: planner.estimate_per_layer(ctx, plan.layout, o)
+    )
+    assert "not priced" not in priced_made.text and " as written (" in priced_made.text
+
+
 def chunk(options: str, index: int = 0, stage: int | None = None) -> Chunk:
     """A chunk of these options; on its own rank unless ``stage`` says which."""
     return Chunk(index, 0, tuple(options.split()), index if stage is None else stage)
@@ -171,8 +189,9 @@ def chunk(options: str, index: int = 0, stage: int | None = None) -> Chunk:
 def test_megatron_recompute_without_a_pricer_saves_at_least_the_planned_memory(
     parts, exact: bool
 ) -> None:
-    args, caveats, priced = recompute_args(parts, plan=None, ctx=None)
-    assert priced is None  # nothing to price it with
+    args, caveats, written = recompute_args(parts, plan=None, ctx=None)
+    # Nothing to price it with: exact, or a stand-in left unpriced.
+    assert written is None if exact else written.plan is None
     assert (caveats == []) == exact
     if args[1] == "full":  # whole layers: the first N of each chunk
         n = int(args[args.index("--recompute-num-layers") + 1])
@@ -238,7 +257,7 @@ def test_megatron_writes_activation_offload_only_as_megatron_core_runs_it(parts,
 )
 def test_torchtitan_checkpointing(parts, settings, exact: bool) -> None:
     written, caveats, priced = checkpoint_settings(parts, plan=None, ctx=None)
-    assert priced is None
+    assert priced is None if exact else priced.plan is None  # nothing to price it with
     assert written == settings
     assert (caveats == []) == exact
 

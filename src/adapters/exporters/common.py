@@ -100,7 +100,12 @@ def summary_lines(
         f"layout: dp {lay.dp} tp {lay.tp} pp {lay.pp} vpp {lay.vpp} cp {lay.cp} ep {lay.ep} "
         f"mbs {lay.mbs} x {lay.num_microbatches} zero {lay.zero}",
     ]
-    if written is not None and written.plan.time is not None and plan.time is not None:
+    if written is not None and written.plan is None and plan.time is not None:
+        lines.append(
+            f"predicted: not priced as written ({written.description}: the exporter had no "
+            f"pricer); the plan's own per-layer recompute: {_figures(plan)}"
+        )
+    elif written is not None and written.plan.time is not None and plan.time is not None:
         lines.append(
             f"predicted: {_figures(written.plan)} as written ({written.description}); "
             f"the plan's own per-layer recompute: {_figures(plan)}"
@@ -161,7 +166,7 @@ def stand_in(
     found = fastest_fitting(candidates, price) if price is not None else None
     if found is None:
         if price is None:
-            return safe, f"{head}; written as {safe.description}: no more memory than planned on any layer{tail}", None  # fmt: skip
+            return safe, f"{head}; written as {safe.description}: no more memory than planned on any layer{tail}", StandIn(safe.description, None)  # fmt: skip
         priced = price(safe.options)
         return (
             safe,
