@@ -478,6 +478,12 @@ def validate_layout(ctx: PricingContext, layout: Layout) -> None:
             "the data-parallel and context-parallel ranks (FSDP) whenever cp > 1; use --zero 3 "
             "or --cp 1"
         )
+    if layout.sequence_parallel and layout.cp > 1 and not fw.sp_with_cp:
+        raise InvalidInputError(
+            f"sp with cp({layout.cp}): {fw.name} does not run sequence parallelism beside "
+            "context parallelism (Megatron-DeepSpeed's --sequence-parallel and "
+            "--ds-sequence-parallel-size cannot be combined); use --no-sp or --cp 1"
+        )
     if layout.recompute == "selective" and not fw.selective:
         raise InvalidInputError(selective_not_offered(fw.name))
     if layout.cp > 1 and ctx.settings.cp_kind == "all_to_all":

@@ -102,6 +102,9 @@ class FrameworkTraits:
     sequence_parallel: tuple[bool, ...] = (False, True)
     """The sequence-parallel settings it offers with TP (torchtitan's TP plan always
     shards the norms over the sequence)."""
+    sp_with_cp: bool = True
+    """Sequence parallelism runs beside context parallelism (Megatron-DeepSpeed's
+    --ds-sequence-parallel-size cannot be combined with its --sequence-parallel)."""
     max_zero_with_pipeline: int = 3
     """The highest ZeRO stage it runs beside pipeline stages (DeepSpeed's pipeline engine
     asserts ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)."""
@@ -281,6 +284,7 @@ FRAMEWORKS: dict[str, FrameworkTraits] = {
         activation_offload=False,
         tp_comm_overlap=False,
         max_zero_with_pipeline=1,
+        sp_with_cp=False,
     ),
 }
 

@@ -468,6 +468,9 @@ def enumerate_candidates(
                                         ):
                                             refuse("moe_tp_needs_sp", tp=tp, sp=bool(sp))
                                             continue
+                                        if sp and cp > 1 and not fw.sp_with_cp:
+                                            refuse("sp_not_with_cp", cp=cp, sp=True)
+                                            continue
                                         for offload in offloads:
                                             out.generated += len(recs)
                                             for rec in recs:

@@ -710,6 +710,24 @@ def test_torchtitan_runs_context_parallelism_under_fsdp_only(capsys) -> None:
     assert all(p["layout"]["zero"] == 3 for p in doc["plans"] if p["layout"]["cp"] > 1)
 
 
+def test_deepspeed_runs_no_sequence_parallelism_beside_context_parallelism(capsys) -> None:
+    """Megatron-DeepSpeed's --ds-sequence-parallel-size (its CP) cannot be combined with
+    its --sequence-parallel: such layouts are refused, and priced only without SP."""
+    argv = (*SIXTEEN[:10], "--framework", "deepspeed")
+    code, out, err = invoke(capsys, "estimate", *argv, "--tp", "2", "--cp", "2", "--sp")
+    assert code == 3 and out == ""
+    assert "sp with cp(2): deepspeed does not run sequence parallelism beside context" in (
+        error_line(err)
+    )
+    code, out, err = invoke(capsys, "estimate", *argv, "--tp", "2", "--cp", "2", "--no-sp")
+    assert code == 0, err
+    code, out, err = invoke(capsys, "search", *argv, "--cp", "2", "-j", "1", "--json", "-t", "20")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["summary"]["refused"]["sp_not_with_cp"] > 0
+    assert not any(p["layout"]["sp"] and p["layout"]["tp"] > 1 for p in doc["plans"])
+
+
 def test_a_listed_vpp_runs_one_slot_short_and_the_best_plan_says_how_to_place_it(
     capsys,
 ) -> None:

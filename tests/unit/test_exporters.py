@@ -349,6 +349,15 @@ def test_deepspeed_json(planner: Planner) -> None:
     assert any("--checkpoint-activations" in c for c in made.caveats)
 
 
+def test_deepspeed_names_megatron_deepspeeds_expert_parallel_flag(planner: Planner) -> None:
+    layout = Layout(dp=8, ep=8, mbs=1, num_microbatches=4, zero=1)
+    plan, ctx = priced(planner, "mixtral-8x7b", 8, 32, 4096, layout, framework="deepspeed")
+    made = export(planner, "deepspeed", plan, ctx)
+    # Megatron-DeepSpeed's flag; --expert-model-parallel-size is Megatron-LM's.
+    assert any("--moe-expert-parallel-size 8" in c for c in made.caveats), made.caveats
+    assert not any("--expert-model-parallel-size" in c for c in made.caveats)
+
+
 def test_ndplan_json_is_the_plan_with_its_inputs(planner: Planner) -> None:
     layout = Layout(tp=2, pp=2, dp=4, num_microbatches=16, zero=1, recompute="auto")
     plan, ctx = priced(planner, "llama-3-8b", 16, 64, 8192, layout)

@@ -60,7 +60,7 @@ class DeepSpeedExporter:
             "--ds-sequence-parallel-size": lay.cp,
         }
         if ctx.model.is_moe:
-            degrees["--expert-model-parallel-size"] = lay.ep
+            degrees["--moe-expert-parallel-size"] = lay.ep
         stated = " ".join(f"{flag} {n}" for flag, n in degrees.items() if n > 1)
         if stated:
             caveats.append(
