@@ -319,6 +319,28 @@ def test_mindformers_offsets_and_recompute_lists(planner: Planner) -> None:
         assert selected[v][s] == len(c.options) - c.count("none", "full")
 
 
+def test_mindformers_header_prices_the_default_selection_the_file_runs(planner: Planner) -> None:
+    """Where the plan recomputes ops other than MindFormers' default selection, the file's
+    select_recompute layers run that selection: the header prices the file as written
+    (and says when it no longer fits), not the plan's own choice."""
+    layout = Layout(tp=4, pp=4, vpp=5, dp=4, num_microbatches=64, zero=1, sp=True,
+                    schedule="interleaved", recompute="auto")  # fmt: skip
+    plan, ctx = priced(planner, "llama-3-70b", 64, 256, 8192, layout, framework="mindformers")
+    parts = chunks(plan, ctx)
+    assert {o for c in parts for o in c.options} - {"none", "full", "core_attn"}  # other ops
+    made = export(
+        planner, "mindformers", plan, ctx,
+        price=lambda o: planner.estimate_per_layer(ctx, plan.layout, o),
+    )  # fmt: skip
+    predicted = next(line for line in made.text.splitlines() if "predicted:" in line)
+    assert "as written (core_attn on the select_recompute layers)" in predicted
+    written = float(predicted.split("predicted: step ")[1].split(" s")[0])
+    assert written != round(plan.time.step_s, 3)
+    assert any("does not fit" in c for c in made.caveats) == (
+        "GiB" in predicted and float(predicted.split("peak ")[1].split(" GiB")[0]) > 80
+    )
+
+
 def test_deepspeed_json(planner: Planner) -> None:
     layout = Layout(
         tp=2,

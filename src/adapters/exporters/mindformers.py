@@ -7,10 +7,10 @@ import yaml
 
 from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan
-from ndplan.core.ports import Exported, PerLayerPricer
-from ndplan.core.recompute import FULL, NONE
+from ndplan.core.ports import Exported, PerLayerPricer, StandIn
+from ndplan.core.recompute import FULL, NONE, option_name
 
-from .common import Chunk, chunks, options_used, summary_lines, switches
+from .common import Chunk, chunks, options_used, per_layer, summary_lines, switches
 
 
 class _Dumper(yaml.SafeDumper):
@@ -70,7 +70,7 @@ class MindFormersExporter:
         runner: dict[str, object] = {"batch_size": lay.mbs}
         if lay.pp == 1:
             runner["gradient_accumulation_steps"] = lay.num_microbatches
-        recompute, inexact = self.recompute(parts, ctx, lay.pp, lay.vpp)
+        recompute, inexact, written = self.recompute(parts, ctx, lay.pp, lay.vpp, price)
         caveats += inexact
         config: dict[str, object] = {
             "parallel_config": parallel_config,
@@ -100,30 +100,60 @@ class MindFormersExporter:
             caveats.append(
                 f"mindformers: no {job.precision} settings are written; set the numerics yourself"
             )
-        head = [f"# {line}" for line in summary_lines(plan, ctx, "MindFormers settings")]
+        head = [f"# {line}" for line in summary_lines(plan, ctx, "MindFormers settings", written)]
         head += [f"# caveat: {c}" for c in caveats]
         body = yaml.dump(config, Dumper=_Dumper, sort_keys=False, width=4096)
+        # No stand_in: the file states the plan's counts; only the ops differ (caveat).
         return Exported(text="\n".join(head) + "\n" + body, caveats=tuple(caveats))
 
     @staticmethod
     def recompute(
-        parts: tuple[Chunk, ...], ctx: PricingContext, pp: int, vpp: int
-    ) -> tuple[dict[str, object], list[str]]:
+        parts: tuple[Chunk, ...],
+        ctx: PricingContext,
+        pp: int,
+        vpp: int,
+        price: PerLayerPricer | None = None,
+    ) -> tuple[dict[str, object], list[str], StandIn | None]:
         """``recompute`` (whole layers) and ``select_recompute`` (layers recomputing ops)
         as counts per stage: MindFormers recomputes the first layers of each stage, and
-        the plan's counts are what its memory and time were priced on."""
+        the plan's counts are what its memory and time were priced on. Where the plan's
+        ops are not MindFormers' default selection, the file runs that selection on those
+        layers: the setting written (``StandIn``), priced when ``price`` is given."""
         full = [c.count(FULL) for c in parts]
         selected = [len(c.options) - c.count(NONE, FULL) for c in parts]
         ops = frozenset().union(*(switches(o) for o in options_used(parts)))
         selective = ctx.framework.selective
         caveats = []
+        written = None
         if ops and ops != selective:
             caveats.append(
                 f"mindformers: select_recompute counts the layers that recompute "
                 f"{'+'.join(sorted(ops))} in the plan; MindFormers recomputes its default "
                 f"selection ({'+'.join(sorted(selective))}) there unless you name those ops"
             )
-        return {
-            "recompute": per_stage(full, pp, vpp),
-            "select_recompute": per_stage(selected, pp, vpp),
-        }, caveats
+            default = option_name(frozenset(selective))
+
+            def runs(c: Chunk, i: int) -> str:
+                whole = c.count(FULL)
+                return (
+                    FULL if i < whole else default if i < len(c.options) - c.count(NONE) else NONE
+                )
+
+            options = per_layer(parts, runs)
+            description = f"{'+'.join(sorted(selective))} on the select_recompute layers"
+            written = StandIn(description, price(options) if price is not None else None)
+            if written.plan is not None and not written.plan.memory.fits:
+                peak = written.plan.memory.peak_bytes / 2**30
+                caveats.append(
+                    f"mindformers: as written (its default selection) the plan does not fit: "
+                    f"peak {peak:.1f} GiB on stage {written.plan.memory.peak_stage}; name the "
+                    f"plan's ops ({'+'.join(sorted(ops))}) in select_recompute"
+                )
+        return (
+            {
+                "recompute": per_stage(full, pp, vpp),
+                "select_recompute": per_stage(selected, pp, vpp),
+            },
+            caveats,
+            written,
+        )
