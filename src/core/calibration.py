@@ -135,14 +135,19 @@ class Calibration(Frozen):
     fit: dict[str, float] = Field(default_factory=dict)
     """Figures from the fit that produced this file (rows used, train error)."""
 
+    def family_of(self, device: DeviceSpec) -> str | None:
+        """The device's family: the file's ``families`` entry, else the one the device
+        names itself (``DeviceSpec.calibration_family``)."""
+        return self.families.get(device.id) or device.calibration_family or None
+
     def fits_device(self, device: DeviceSpec) -> bool:
         """Whether the file has a fit for this device or its family (else ``default``)."""
-        return device.id in self.devices or self.families.get(device.id) in self.devices
+        return device.id in self.devices or self.family_of(device) in self.devices
 
     def for_device(self, device: DeviceSpec) -> DeviceEfficiency:
         if device.id in self.devices:
             return self.devices[device.id]
-        family = self.families.get(device.id)
+        family = self.family_of(device)
         if family is not None and family in self.devices:
             return self.devices[family]
         return self.default

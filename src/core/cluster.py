@@ -71,6 +71,10 @@ class DeviceSpec(Frozen):
     """Its tensor cores take fp8 operands in any layout (Blackwell). Hopper's fp8 GEMMs
     are TN only, so a per-tensor-scaled fp8 tensor is also kept transposed there; block
     scales run along one direction, so block-scaled recipes keep both copies anyway."""
+    calibration_family: str = ""
+    """The fitted generation that prices it (``hopper``, ``blackwell``, ``ampere``, …)
+    where the calibration's own ``families`` table does not name it: a device plugin's
+    new part of a fitted generation. Empty: the calibration's default fit."""
     sources: dict[str, str] = Field(default_factory=dict)
     """Public source of each figure."""
     notes: str = ""

@@ -35,3 +35,23 @@ def test_every_builtin_file_becomes_devices_once() -> None:
     for entry in _data_files():
         expected.extend(catalog.parse_devices(yaml.safe_load(entry.read_text("utf-8")), entry.name))
     assert devices == tuple(sorted(expected, key=lambda d: d.id))
+
+
+def test_a_device_names_the_fitted_generation_that_prices_it() -> None:
+    """A plugin's new part of a fitted generation says which fit prices it; without it
+    (and not in the calibration's families table) it takes the default fit."""
+    from ndplan.adapters.devices.calibration import load_calibration
+    from ndplan.bootstrap import bootstrap
+
+    calibration = load_calibration(None)
+    h100 = bootstrap().devices.get("h100")
+    assert calibration.families["h100-sxm"] == "hopper"
+    new = h100.model_copy(update={"id": "h100-lab", "aliases": ()})
+    assert not calibration.fits_device(new)
+    assert calibration.for_device(new) == calibration.default
+    named = new.model_copy(update={"calibration_family": "hopper"})
+    assert calibration.fits_device(named)
+    assert calibration.for_device(named) == calibration.for_device(h100)
+    # The calibration's own table wins over what the device says.
+    wrong = h100.model_copy(update={"calibration_family": "ampere"})
+    assert calibration.for_device(wrong) == calibration.for_device(h100)
