@@ -137,6 +137,35 @@ def test_recompute_the_search_cannot_state_is_priced_per_layer_and_said(
             "does not divide",
         ),
         ("--tensor-model-parallel-size 'unclosed", "f: cannot read it as shell arguments"),
+        (
+            "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5 "
+            "--num-virtual-stages-per-pipeline-rank 2",
+            "f: --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-"
+            "rank each state the virtual stages, which Megatron refuses (got 5 and 2); keep one",
+        ),
+        (
+            "--pipeline-model-parallel-size 4 --num-virtual-stages-per-pipeline-rank 2 "
+            "--pipeline-model-parallel-layout 'E(t*10|)*8,L'",
+            "--num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout each",
+        ),
+        (
+            "--num-layers 32",
+            "f: --num-layers 32 differs from the model's 80 layers; search the model this "
+            "launch trains (--model)",
+        ),
+        (
+            "--pipeline-model-parallel-size 4 "
+            "--pipeline-model-parallel-layout 'Et*19|(t*20|)*2t*20L'",
+            "f: --pipeline-model-parallel-layout places 79 decoder layers, not the model's 80 "
+            "(got Et*19|(t*20|)*2t*20L); give one t per layer",
+        ),
+        ("--pipeline-model-parallel-layout 'Et*20|t*20|t*20|t*20,x,L'", "has 'x', not a layer"),
+        ("--pipeline-model-parallel-layout 'E|(t|)*999999999L'", "unrolls to over 100000 layers"),
+        pytest.param(
+            "--pipeline-model-parallel-layout 'Et*" + "9" * 5000 + "L'",
+            "unrolls to over 100000 layers",
+            id="a-count-too-long-for-int",
+        ),
     ],
 )
 def test_bad_arguments_are_one_clear_line(text: str, message: str) -> None:
@@ -148,3 +177,77 @@ def test_bad_arguments_are_one_clear_line(text: str, message: str) -> None:
 
 def test_a_file_without_megatron_flags_is_not_taken_for_one() -> None:
     assert not looks_like_megatron_args("tp: 4\npp: 8\n")
+
+
+def test_a_dumped_args_namespace_states_its_virtual_stages_and_data_parallelism() -> None:
+    """Megatron dumps the virtual stages it derives as virtual_pipeline_model_parallel_size
+    (NeMo and Megatron-Bridge configs state them so), and data_parallel_size."""
+    dumped = {
+        "tensor_model_parallel_size": 8,
+        "pipeline_model_parallel_size": 4,
+        "virtual_pipeline_model_parallel_size": 5,
+        "num_layers_per_virtual_pipeline_stage": None,
+        "data_parallel_size": 2,
+        "num_layers": 80,
+        "world_size": 64,
+        "recompute_granularity": None,
+        "bf16": True,
+    }
+    read = megatron_layout(parse_arguments(arguments_from_mapping(dumped), "f"), "f", problem())
+    assert (read.degrees["vpp"], read.degrees["dp"]) == (5, 2)
+    # Beside the flag it was derived from, it must agree with it.
+    agreeing = dumped | {"num_layers_per_virtual_pipeline_stage": 4}
+    words = arguments_from_mapping(agreeing)
+    assert megatron_layout(parse_arguments(words, "f"), "f", problem()).degrees["vpp"] == 5
+    words = arguments_from_mapping(dumped | {"num_layers_per_virtual_pipeline_stage": 10})
+    with pytest.raises(InvalidInputError) as err:
+        megatron_layout(parse_arguments(words, "f"), "f", problem())
+    assert str(err.value) == (
+        "f: --virtual-pipeline-model-parallel-size 5 differs from the 2 virtual stages "
+        "--num-layers-per-virtual-pipeline-stage states; fix one of them"
+    )
+
+
+@pytest.mark.parametrize(
+    ("spelled", "pp", "layers", "split"),
+    [
+        ("Et*7|t*8|t*8|t*9,L", 4, 32, (7, 8, 8, 9)),
+        ("E t*7 | t*8 | t*8 | t*9 L", 4, 32, (7, 8, 8, 9)),  # blanks are cosmetic too
+        # Megatron's own example: DeepSeek-V3's 61 layers and its MTP layer over PP16 VPP2.
+        ("Et*3|(tt|)*29,m|L", 16, 61, (3, *[2] * 29, 0, 0)),
+        ("(Et*4|)*1,(t*4|)*6,t*4L", 4, 32, (4,) * 8),
+    ],
+)
+def test_a_compact_layout_is_unrolled_as_megatron_reads_it(spelled, pp, layers, split) -> None:
+    layout = read(
+        f"--pipeline-model-parallel-size {pp} --pipeline-model-parallel-layout '{spelled}'",
+        num_layers=layers,
+    )
+    assert layout.split == split
+    assert layout.degrees["vpp"] == len(split) // pp
+
+
+def test_recompute_activations_is_selective_recompute_over_any_granularity() -> None:
+    assert read("--recompute-activations").degrees["recompute"] == "selective"
+    # Megatron's validate_args sets selective whatever granularity is given.
+    both = read("--recompute-granularity full --recompute-activations")
+    assert both.degrees["recompute"] == "selective"
+    json = {"recompute_activations": True, "recompute_granularity": "full"}
+    words = arguments_from_mapping(json)
+    assert megatron_layout(parse_arguments(words, "f"), "f", problem()).degrees["recompute"] == (
+        "selective"
+    )
+
+
+def test_the_models_own_layer_count_and_the_split_flags_are_read() -> None:
+    assert read("--num-layers 80 --pipeline-model-parallel-size 4").degrees["pp"] == 4
+    # The embedding and loss count as layers: (78 + 2) / (pp 4 · 5 per virtual stage) = 4.
+    layout = read(
+        "--pipeline-model-parallel-size 4 --num-layers-per-virtual-pipeline-stage 5 "
+        "--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split",
+        num_layers=78,
+    )
+    assert layout.degrees["vpp"] == 4
+    assert "not its first/last-stage layer counts" in layout.notes[0]
+    # Megatron FSDP's earlier name, which Megatron's dumped args still carry.
+    assert read("--use-custom-fsdp").degrees["zero"] == 3

@@ -5,7 +5,10 @@ array such as ``search --export megatron`` writes) or a JSON/YAML of Megatron's 
 (``tensor_model_parallel_size: 4``) states the layout the user runs today; ``search
 --baseline FILE`` places it in the ranking. Megatron reads an absent flag as its default
 (no TP, no pipeline, no distributed optimizer, no recompute), so an absent flag states
-that default too. Arguments that are not about the layout are ignored.
+that default too. Arguments that are not about the layout are ignored; those that are
+are read, including the ones Megatron derives and dumps with its args
+(``virtual_pipeline_model_parallel_size``, ``data_parallel_size``), and ``--num-layers``
+must be the model's.
 """
 
 from __future__ import annotations
@@ -33,12 +36,20 @@ DEGREES = {
     "--expert-model-parallel-size": "ep",
     "--expert-tensor-parallel-size": "etp",
     "--micro-batch-size": "mbs",
-    "--num-virtual-stages-per-pipeline-rank": "vpp",
+    # No flag: Megatron derives it (world size over tp·pp·cp) and dumps it with its args.
+    "--data-parallel-size": "dp",
 }
+VIRTUAL = (
+    "--num-layers-per-virtual-pipeline-stage",
+    "--num-virtual-stages-per-pipeline-rank",
+    "--pipeline-model-parallel-layout",
+)
+"""The ways to state the virtual stages per pipeline rank; Megatron takes one at most."""
 VALUED = (
     *DEGREES,
-    "--num-layers-per-virtual-pipeline-stage",
-    "--pipeline-model-parallel-layout",
+    *VIRTUAL,
+    "--virtual-pipeline-model-parallel-size",
+    "--num-layers",
     "--decoder-first-pipeline-num-layers",
     "--decoder-last-pipeline-num-layers",
     "--global-batch-size",
@@ -49,23 +60,34 @@ VALUED = (
     "--data-parallel-sharding-strategy",
     "--optimizer-offload-fraction",
 )
+ACCOUNTED = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+"""Switches that count the embedding (loss) as a layer of the first (last) stage."""
 SWITCHES = (
     "--sequence-parallel",
     "--use-distributed-optimizer",
     "--use-megatron-fsdp",
+    "--use-custom-fsdp",
     "--use-torch-fsdp2",
     "--optimizer-cpu-offload",
+    "--recompute-activations",
+    *ACCOUNTED,
 )
 LISTS = ("--recompute-modules",)
 """Flags followed by one or more values (up to the next flag)."""
 KNOWN = (*VALUED, *SWITCHES, *LISTS)
+LAYER_CHARS = "EtmL"
+"""A layout's layers: the embedding, a decoder layer, an MTP layer, the loss."""
+MAX_LAYOUT = 100_000
+"""Layers a layout may spell once unrolled: far above any model's, short of a hang."""
 
 
 def looks_like_megatron_args(text: str) -> bool:
     """Whether a file states Megatron layout flags (``--tensor-model-parallel-size``, …)
     or their argparse names as keys (``tensor_model_parallel_size``)."""
-    flags = {flag for flag in KNOWN if flag in text}
-    names = {flag[2:].replace("-", "_") for flag in KNOWN if flag[2:].replace("-", "_") in text}
+    # num_layers alone is no sign: other frameworks' configs name it too.
+    telling = [flag for flag in KNOWN if flag != "--num-layers"]
+    flags = {flag for flag in telling if flag in text}
+    names = {flag[2:].replace("-", "_") for flag in telling if flag[2:].replace("-", "_") in text}
     return bool(flags or names)
 
 
@@ -134,8 +156,7 @@ def _number(found: Mapping[str, Any], flag: str, where: str) -> int | None:
 
 def megatron_layout(found: Mapping[str, Any], where: str, problem: Problem) -> LaunchLayout:
     """The layout stated by Megatron arguments (``parse_arguments``), checked against the
-    search's own batch and sequence."""
-    num_layers = problem.num_layers
+    search's own model, batch and sequence."""
     result = LaunchLayout()
     degrees = result.degrees
     for flag, name in DEGREES.items():
@@ -151,36 +172,18 @@ def megatron_layout(found: Mapping[str, Any], where: str, problem: Problem) -> L
         check_batch(where, "--global-batch-size", stated, problem)
     if (stated := _number(found, "--seq-length", where)) is not None:
         check_sequence(where, "--seq-length", stated, problem)
-    pp = int(degrees["pp"])
-    per_stage = _number(found, "--num-layers-per-virtual-pipeline-stage", where)
-    if per_stage is not None:
-        if num_layers % (pp * per_stage):
-            raise InvalidInputError(
-                f"{where}: --num-layers-per-virtual-pipeline-stage {per_stage} does not divide "
-                f"the model's {num_layers} layers over pp {pp}; fix the value"
-            )
-        degrees["vpp"] = num_layers // (pp * per_stage)
-    spelled = found.get("--pipeline-model-parallel-layout")
-    if spelled is not None:
-        chunks = spelled.count("|") + 1
-        if chunks % pp:
-            raise InvalidInputError(
-                f"{where}: --pipeline-model-parallel-layout has {chunks} chunks, not a multiple "
-                f"of pp {pp}; fix the layout"
-            )
-        degrees["vpp"] = chunks // pp
-        counts = [part.count("t") for part in spelled.split("|")]
-        result.split = tuple(counts)
-    elif (
-        "--decoder-first-pipeline-num-layers" in found
-        or "--decoder-last-pipeline-num-layers" in found
-    ):
-        result.notes.append(
-            f"{where}: ranked with the search's own layer splits (even or balanced), not its "
-            "first/last-stage layer counts; price those with estimate --layers-per-chunk"
+    if (stated := _number(found, "--num-layers", where)) not in (None, problem.num_layers):
+        raise InvalidInputError(
+            f"{where}: --num-layers {stated} differs from the model's {problem.num_layers} "
+            "layers; search the model this launch trains (--model) or place another layout"
         )
-    degrees.setdefault("vpp", 1)
-    fsdp = found.get("--use-megatron-fsdp") or found.get("--use-torch-fsdp2")
+    pp = int(degrees["pp"])
+    degrees["vpp"] = _virtual_stages(found, result, where, problem.num_layers, pp)
+    fsdp = (
+        found.get("--use-megatron-fsdp")
+        or found.get("--use-custom-fsdp")  # its former name, still in Megatron's dumped args
+        or found.get("--use-torch-fsdp2")
+    )
     if fsdp:
         strategy = found.get("--data-parallel-sharding-strategy", "optim_grads_params")
         stages = {"no_shard": 0, "optim": 1, "optim_grads": 2, "optim_grads_params": 3}
@@ -198,10 +201,107 @@ def megatron_layout(found: Mapping[str, Any], where: str, problem: Problem) -> L
     return result
 
 
+def _virtual_stages(
+    found: Mapping[str, Any], result: LaunchLayout, where: str, num_layers: int, pp: int
+) -> int:
+    """The virtual stages per pipeline rank, from whichever flag states them; a layout
+    also places the decoder layers (``result.split``)."""
+    given = [flag for flag in VIRTUAL if flag in found]
+    if len(given) > 1:
+        got = " and ".join(str(found[flag]) for flag in given)
+        raise InvalidInputError(
+            f"{where}: {' and '.join(given)} each state the virtual stages, which Megatron "
+            f"refuses (got {got}); keep one of them"
+        )
+    # Each counts as a layer in Megatron's split: the first (last) stage holds one fewer.
+    accounted = [flag for flag in ACCOUNTED if found.get(flag)]
+    vpp = 1
+    if "--num-layers-per-virtual-pipeline-stage" in found:
+        per_stage = positive(found[given[0]], given[0], where)
+        layers = num_layers + len(accounted)
+        if layers % (pp * per_stage):
+            counted = f" (+{len(accounted)}: {' '.join(accounted)})" if accounted else ""
+            raise InvalidInputError(
+                f"{where}: --num-layers-per-virtual-pipeline-stage {per_stage} does not divide "
+                f"the model's {num_layers} layers{counted} over pp {pp}; fix the value"
+            )
+        vpp = layers // (pp * per_stage)
+    elif "--num-virtual-stages-per-pipeline-rank" in found:
+        vpp = positive(found[given[0]], given[0], where)
+    elif "--pipeline-model-parallel-layout" in found:
+        spelled = str(found[given[0]])
+        chunks = layout_chunks(spelled, where)
+        if len(chunks) % pp:
+            raise InvalidInputError(
+                f"{where}: --pipeline-model-parallel-layout has {len(chunks)} chunks, not a "
+                f"multiple of pp {pp}; fix the layout"
+            )
+        counts = tuple(chunk.count("t") for chunk in chunks)
+        if sum(counts) != num_layers:
+            raise InvalidInputError(
+                f"{where}: --pipeline-model-parallel-layout places {sum(counts)} decoder layers, "
+                f"not the model's {num_layers} (got {spelled}); give one t per layer"
+            )
+        result.split = counts
+        vpp = len(chunks) // pp
+    first_last = any(
+        flag in found
+        for flag in ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
+    )
+    if result.split is None and (first_last or accounted):
+        result.notes.append(
+            f"{where}: ranked with the search's own layer splits (even or balanced), not its "
+            "first/last-stage layer counts; price those with estimate --layers-per-chunk"
+        )
+    # Megatron derives this key from the flags above and dumps it with its args; NeMo and
+    # Megatron-Bridge configs state the virtual stages by it alone.
+    dumped = _number(found, "--virtual-pipeline-model-parallel-size", where)
+    if dumped is not None:
+        if given and dumped != vpp:
+            raise InvalidInputError(
+                f"{where}: --virtual-pipeline-model-parallel-size {dumped} differs from the "
+                f"{vpp} virtual stages {given[0]} states; fix one of them"
+            )
+        vpp = dumped
+    return vpp
+
+
+def layout_chunks(spelled: str, where: str) -> list[str]:
+    """The chunks of ``--pipeline-model-parallel-layout``, each a string of E, t, m and L,
+    as Megatron-Core reads it (``PipelineParallelLayerLayout.parse_str_to_list``): commas
+    (and blanks) are cosmetic, ``(…)*n`` then ``x*n`` repeat, ``|`` ends a chunk."""
+    size = 0
+
+    def unroll(match: re.Match[str]) -> str:
+        nonlocal size
+        digits = match.group(2)  # a longer count is over the limit (and int() may refuse it)
+        times = int(digits) if len(digits) <= 6 else MAX_LAYOUT + 1
+        size += len(match.group(1)) * times
+        if size > MAX_LAYOUT:
+            raise InvalidInputError(
+                f"{where}: --pipeline-model-parallel-layout unrolls to over {MAX_LAYOUT} "
+                f"layers (got {spelled}); fix the repeat counts"
+            )
+        return match.group(1) * times
+
+    text = re.sub(r"[,\s]", "", spelled)
+    # One pass each, groups first, as Megatron: a nested group is left unread (an error).
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", unroll, text)
+    text = re.sub(r"(.)\*(\d+)", unroll, text)
+    if unknown := sorted(set(text) - set(LAYER_CHARS + "|")):
+        raise InvalidInputError(
+            f"{where}: --pipeline-model-parallel-layout has {''.join(unknown)!r}, not a layer "
+            f"(got {spelled}); spell it with E t m L, | between chunks, x*n and (…)*n"
+        )
+    return text.split("|")
+
+
 def _recompute(
     found: Mapping[str, Any], result: LaunchLayout, where: str, problem: Problem, chunks: int
 ) -> str:
     granularity = found.get("--recompute-granularity")
+    if found.get("--recompute-activations"):
+        granularity = "selective"  # Megatron's validate_args, over any granularity given
     if granularity is None:
         return "none"
     if granularity == "full":
