@@ -1137,6 +1137,7 @@ def launch_layout(
         global_batch=ctx.job.global_batch_size,
         seq_length=ctx.job.seq_length,
         framework=ctx.framework.name,
+        devices=ctx.cluster.num_devices,
     )
     if suffix == ".toml":
         read = torchtitan_layout(parsed, where, problem)

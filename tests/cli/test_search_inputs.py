@@ -751,3 +751,28 @@ def test_a_listed_vpp_runs_one_slot_short_and_the_best_plan_says_how_to_place_it
     )
     assert code == 0, err
     assert plans(out)[0]["layout"]["layers_per_stage"] == counts
+
+
+def test_a_torchtitan_baseline_without_a_global_batch_is_checked_against_the_devices(
+    capsys, tmp_path: Path
+) -> None:
+    """torchtitan steps local_batch_size × the data-parallel degree when global_batch_size
+    is unset; the search hands the reader its device count, so a file with FSDP over the
+    rest (-1) is refused in one line naming that batch."""
+    toml = tmp_path / "llama3_70b.toml"
+    toml.write_text(
+        "[training]\nlocal_batch_size = 8\nseq_len = 8192\n"
+        "[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = 8\n",
+        encoding="utf-8",
+    )
+    argv = ("-m", "llama-3-70b", "-d", "h100", "-n", "64", "-s", "8192", "-t", "1", "-j", "1",
+            "--framework", "torchtitan", "--baseline", str(toml))  # fmt: skip
+    code, out, err = invoke(capsys, "search", *argv, "--gbs", "512")
+    assert code == 3 and out == ""
+    assert "local_batch_size 8 × data-parallel degree 8 = 64 sequences, not the search's " in (
+        error_line(err)
+    )
+    assert len(err.strip().splitlines()) == 1
+    code, out, err = invoke(capsys, "search", *argv, "--gbs", "64", "--json")
+    assert code == 0, err
+    assert json.loads(out)["baseline"]["plan"]["layout"]["tp"] == 8

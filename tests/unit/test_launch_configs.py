@@ -4,6 +4,7 @@ does, and what a DeepSpeed JSON states (deepspeed_config.py). The round trip thr
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import replace
 
@@ -111,6 +112,93 @@ def test_bad_torchtitan_values_are_one_line(text: str, message: str) -> None:
         titan(text)
 
 
+def test_torchtitan_without_a_global_batch_steps_local_batch_times_dp() -> None:
+    """torchtitan's global_batch_size defaults to local_batch_size × the data-parallel
+    degree, one step without accumulation: a file that leaves it out states that batch,
+    which must be the search's (it was placed at any --gbs)."""
+    fsdp = "[parallelism]\ntensor_parallel_degree = 8\n[training]\nlocal_batch_size = 8\n"
+    # FSDP over what TP leaves of 64 devices: dp 8, so 64 sequences a step.
+    with pytest.raises(InvalidInputError, match=re.escape(
+        "f.toml: training.global_batch_size is unset, so torchtitan steps local_batch_size 8 "
+        "× data-parallel degree 8 = 64 sequences, not the search's --gbs 512; search with "
+        "--gbs 64 or set global_batch_size = 512 to accumulate gradients"
+    )):  # fmt: skip
+        titan(fsdp, replace(PROBLEM, global_batch=512, devices=64))
+    assert titan(fsdp, replace(PROBLEM, devices=64)).degrees["mbs"] == 8  # 8 × 8 = --gbs 64
+    # Not told the devices, the reader places the dp that makes the search's batch (the
+    # search refuses it where the devices give another), or refuses a batch none makes.
+    read = titan(fsdp, replace(PROBLEM, global_batch=512))
+    assert read.degrees["dp"] == 64 and read.notes[0].endswith("at --gbs 512 that is dp 64")
+    with pytest.raises(InvalidInputError, match="sequences, never the search's --gbs 100"):
+        titan(fsdp, replace(PROBLEM, global_batch=100))
+    # A shard degree the file states is its dp; a global batch it states is what counts.
+    shard = fsdp.replace("[training]", "data_parallel_shard_degree = 4\n[training]")
+    with pytest.raises(InvalidInputError, match="8 × data-parallel degree 4 = 32 sequences"):
+        titan(shard)
+    assert titan(shard + "global_batch_size = 64\n").degrees["dp"] == 4
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "[parallelism]\ntensor_paralel_degree = 8",
+            "parallelism.tensor_paralel_degree is not a torchtitan setting; did you mean "
+            "tensor_parallel_degree, expert_tensor_parallel_degree, expert_parallel_degree?",
+        ),
+        (
+            "[parallelism]\nzero_stage = 3",
+            "parallelism.zero_stage is not a torchtitan setting; correct its name or remove it",
+        ),
+        (
+            "[training]\nlocal_batch_sise = 8",
+            "training.local_batch_sise is not a torchtitan setting; did you mean "
+            "local_batch_size, global_batch_size?",
+        ),
+        (
+            "[training]\ntensor_parallel_degree = 8",
+            "training.tensor_parallel_degree: torchtitan reads the parallel degrees from "
+            "[parallelism]; move it there",
+        ),
+        (
+            '[activation_checkpoint]\nmod = "full"',
+            "activation_checkpoint.mod is not a torchtitan setting; did you mean mode?",
+        ),
+    ],
+)
+def test_a_key_torchtitan_does_not_have_is_refused(text: str, message: str) -> None:
+    """torchtitan refuses them too; read past, a misspelt degree would be placed at 1."""
+    with pytest.raises(InvalidInputError, match=re.escape(f"f.toml: {message}")):
+        titan(text)
+
+
+def test_torchtitan_settings_ndplan_does_not_read_are_accepted() -> None:
+    """Real keys ndplan does not read pass; so, where a section holds more than the
+    layout, does an unknown key like none ndplan reads (torchtitan's to judge)."""
+    text = """
+[parallelism]
+tensor_parallel_degree = 2
+fsdp_reshard_after_forward = "always"
+disable_loss_parallel = true
+enable_compiled_autograd = false
+context_parallel_rotate_method = "alltoall"
+pipeline_parallel_schedule_csv = ""
+
+[training]
+dataset = "c4"
+steps = 1000
+a_setting_of_a_later_release = 1
+
+[activation_checkpoint]
+mode = "full"
+preserve_rng_state = true
+"""
+    assert titan(text).degrees == {"tp": 2, "pp": 1, "cp": 1, "zero": 3, "recompute": "full"}
+    # Later releases name the modules of each chunk pipeline_parallel_module_fqns_per_model_part.
+    newer = TITAN.replace("module_fqns", "pipeline_parallel_module_fqns")
+    assert titan(newer, replace(PROBLEM, num_layers=5)).split == (2, 1, 1, 1)
+
+
 @pytest.mark.parametrize(
     ("option", "recompute", "noted"),
     [("op", "selective", False), ("1", "full", False), ("2", "auto", True)],
@@ -131,6 +219,8 @@ parallel: {enable_parallel_optimizer: true}
 runner_config: {batch_size: 2}
 model:
   model_config:
+    num_layers: 32
+    seq_length: 8192
     pp_interleave_num: 2
     offset: [[0, 0, 1, 0], [0, 0, 0, -1]]
 recompute_config:
@@ -181,6 +271,25 @@ def test_mindformers_recompute_counts(recompute_config: dict, recompute: str) ->
         (
             {"recompute_config": {"recompute": [1, 2, 3]}},
             "recompute_config.recompute has 3 counts for 4 stages",
+        ),
+        # The model and sequence the config was made for must be the search's.
+        (
+            {"model": {"model_config": {"seq_length": 4096}}},
+            "model.model_config.seq_length 4096 differs from the search's --seq-len 8192",
+        ),
+        (
+            {"model": {"model_config": {"num_layers": 80}}},
+            "model.model_config.num_layers 80 differs from the searched model's 32 decoder",
+        ),
+        # Offsets that place a layer twice (or none) or leave a stage fewer than none.
+        (
+            {"model": {"model_config": {"offset": [1, 0, 0, 0]}}},
+            "places 33 layers where the model has 32 .4 chunks of 8 plus the offsets.; give "
+            "offsets that sum to 0",
+        ),
+        (
+            {"model": {"model_config": {"offset": [-9, 3, 3, 3]}}},
+            "leaves stage 0 with -1 layers",
         ),
     ],
 )

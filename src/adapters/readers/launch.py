@@ -24,6 +24,10 @@ class Problem:
     framework: str = ""
     """The search's ``--framework``: a config of that framework whose recompute the search
     cannot name is priced as what the framework states (``stated``)."""
+    devices: int | None = None
+    """The search's device count, where the caller gives it: torchtitan's FSDP degree -1
+    takes the devices the other degrees leave, and its default global batch is
+    local_batch_size × that data-parallel degree."""
 
 
 @dataclass

@@ -8,7 +8,14 @@ from typing import Any
 
 from ndplan.core.errors import InvalidInputError
 
-from .launch import LaunchLayout, Problem, check_batch, per_layer_recompute, positive
+from .launch import (
+    LaunchLayout,
+    Problem,
+    check_batch,
+    check_sequence,
+    per_layer_recompute,
+    positive,
+)
 
 
 def is_mindformers(data: Any) -> bool:
@@ -36,6 +43,18 @@ def mindformers_layout(config: Mapping[str, Any], where: str, problem: Problem) 
         degrees["ep"] = count(par, "expert_parallel", "parallel_config")
     degrees["sp"] = bool(par.get("use_seq_parallel", False))
     model_config = (config.get("model") or {}).get("model_config") or {}
+    # The model config states the model and sequence the layout was made for (as --export
+    # mindformers writes them): placed in another search they would mean another job.
+    if "seq_length" in model_config:
+        check_sequence(where, "model.model_config.seq_length", count(model_config, "seq_length", "model.model_config"), problem)  # fmt: skip
+    if "num_layers" in model_config:
+        num_layers = count(model_config, "num_layers", "model.model_config")
+        if num_layers != problem.num_layers:
+            raise InvalidInputError(
+                f"{where}: model.model_config.num_layers {num_layers} differs from the searched "
+                f"model's {problem.num_layers} decoder layers; search the model this config "
+                "trains (-m) or place another layout"
+            )
     vpp = count(model_config, "pp_interleave_num", "model.model_config")
     degrees["vpp"] = vpp
     runner = config.get("runner_config") or {}
@@ -62,6 +81,22 @@ def mindformers_layout(config: Mapping[str, Any], where: str, problem: Problem) 
     # Layers per chunk in chunk order (virtual stage v of stage s is chunk v·pp + s).
     layers = [base + int(o) for o in flat] if any(flat) else [base] * chunks
     if any(flat):
+        # Each chunk holds num_layers // chunks layers plus its offset: the offsets place
+        # every layer once only if they add up to what that division leaves over.
+        offset = model_config["offset"]
+        if min(layers) < 0:
+            v, s = divmod(layers.index(min(layers)), pp)
+            chunk = f"stage {s}" if vpp == 1 else f"virtual stage {v} of stage {s}"
+            raise InvalidInputError(
+                f"{where}: model.model_config.offset {offset} leaves {chunk} with "
+                f"{min(layers)} layers ({base} a chunk plus its offset); fix it"
+            )
+        if sum(layers) != problem.num_layers:
+            raise InvalidInputError(
+                f"{where}: model.model_config.offset {offset} places {sum(layers)} layers "
+                f"where the model has {problem.num_layers} ({chunks} chunks of {base} plus "
+                f"the offsets); give offsets that sum to {problem.num_layers - base * chunks}"
+            )
         result.split = tuple(layers)
     recompute = _recompute(config.get("recompute_config") or {}, where, result, layers, pp, problem)
     if recompute is not None:

@@ -2,7 +2,9 @@
 
 A degree the file does not state is torchtitan's default (1; the FSDP degree ``-1``
 takes the devices the other degrees leave). The micro-batch size and the activation
-checkpointing are the search's to choose when the file leaves them out.
+checkpointing are the search's to choose when the file leaves them out. A key torchtitan
+does not have is refused: torchtitan refuses it too, and read past it would leave the
+setting it misspells at its default.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ndplan.core.errors import InvalidInputError
+from ndplan.core.errors import InvalidInputError, did_you_mean
 
 from .launch import (
     LaunchLayout,
@@ -30,12 +32,50 @@ SCHEDULES = {
 SINGLE_STAGE = ("1F1B", "GPipe")
 """Schedules that run one model chunk per pipeline rank."""
 
+PARALLELISM_KEYS = frozenset({
+    "data_parallel_replicate_degree", "data_parallel_shard_degree", "fsdp_reshard_after_forward",
+    "fsdp_symm_mem_scope", "enable_compiled_autograd", "tensor_parallel_degree",
+    "enable_sequence_parallel", "disable_loss_parallel", "enable_async_tensor_parallel",
+    "pipeline_parallel_degree", "pipeline_parallel_split_points", "module_fqns_per_model_part",
+    "pipeline_parallel_module_fqns_per_model_part", "pipeline_parallel_first_stage_less_layers",
+    "pipeline_parallel_last_stage_less_layers", "pipeline_parallel_layers_per_stage",
+    "pipeline_parallel_schedule", "pipeline_parallel_schedule_csv",
+    "pipeline_parallel_microbatch_size", "pipeline_parallel_expert_parallel_overlap",
+    "num_pp_microbatches", "pp_max_unsharded_active_stages", "pp_num_unshard_lookahead_factor",
+    "context_parallel_degree", "context_parallel_rotate_method", "context_parallel_load_balancer",
+    "expert_parallel_degree", "expert_tensor_parallel_degree", "expert_parallel_comm_backend",
+})  # fmt: skip
+"""The [parallelism] keys of torchtitan's releases: all of the section is the layout, so
+any other key is refused (as torchtitan refuses it)."""
+TRAINING_KEYS = frozenset({
+    "dataset", "dataset_path", "local_batch_size", "global_batch_size", "seq_len", "max_norm",
+    "steps", "warmup_steps", "enable_cpu_offload", "dtype", "mixed_precision_param",
+    "mixed_precision_reduce", "compile", "gc_freq", "gc_debug", "seed", "deterministic",
+    "dataloader", "enable_loss_parallel", "enable_fp8_linear", "enable_float8_linear",
+    "enable_compiled_autograd", "disable_loss_parallel", "fsdp_reshard_after_forward",
+})  # fmt: skip
+"""[training] keys of torchtitan's releases, old ones included."""
+CHECKPOINT_KEYS = frozenset({
+    "mode", "selective_ac_option", "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop",
+    "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state",
+    "determinism_check", "debug",
+})  # fmt: skip
+READ = {
+    "training": ("local_batch_size", "global_batch_size", "seq_len", "enable_cpu_offload"),
+    "activation_checkpoint": ("mode", "selective_ac_option"),
+}
+"""The keys ndplan reads of the sections that hold more than the layout: an unknown key
+there is refused when it looks like one of these (a typo of one), and otherwise left to
+torchtitan, as its releases add settings there that have nothing to do with the layout."""
+
 
 def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -> LaunchLayout:
     result = LaunchLayout()
     degrees = result.degrees
     par = _section(config, "parallelism", where)
     training = _section(config, "training", where)
+    _known_keys(par, "parallelism", where)
+    _known_keys(training, "training", where)
 
     def degree(key: str, default: int = 1) -> int:
         return positive(par.get(key, default), f"parallelism.{key}", where)
@@ -72,7 +112,9 @@ def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -
                 f"prices; use {', '.join(SCHEDULES)}"
             )
         degrees["schedule"] = SCHEDULES[schedule]
-        parts = par.get("module_fqns_per_model_part")
+        # Newer releases prefix the key; both name the modules of each chunk.
+        parts = par.get("module_fqns_per_model_part",
+                        par.get("pipeline_parallel_module_fqns_per_model_part"))  # fmt: skip
         if isinstance(parts, list) and parts:
             if len(parts) % pp:
                 raise InvalidInputError(
@@ -92,11 +134,16 @@ def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -
         if "pipeline_parallel_microbatch_size" in par:
             degrees["mbs"] = positive(par["pipeline_parallel_microbatch_size"],
                                       "parallelism.pipeline_parallel_microbatch_size", where)  # fmt: skip
-    elif "local_batch_size" in training:
-        degrees["mbs"] = positive(training["local_batch_size"], "training.local_batch_size", where)
+    local = training.get("local_batch_size")
+    if local is not None:
+        local = positive(local, "training.local_batch_size", where)
+        if pp == 1:
+            degrees["mbs"] = local
     stated = training.get("global_batch_size", -1)
     if stated != -1:
         check_batch(where, "training.global_batch_size", positive(stated, "training.global_batch_size", where), problem)  # fmt: skip
+    elif local is not None:
+        _default_batch(result, where, local, replicate, shard, problem)
     if "seq_len" in training:
         check_sequence(where, "training.seq_len", positive(training["seq_len"], "training.seq_len", where), problem)  # fmt: skip
     if training.get("enable_cpu_offload"):
@@ -118,10 +165,80 @@ def _section(config: Mapping[str, Any], name: str, where: str) -> Mapping[str, A
     return section
 
 
+def _known_keys(section: Mapping[str, Any], name: str, where: str) -> None:
+    """Refuse a key torchtitan does not have where ndplan would read past it: a misspelt
+    ``tensor_parallel_degree`` would otherwise place the layout at TP 1."""
+    known = {"parallelism": PARALLELISM_KEYS, "training": TRAINING_KEYS}.get(name, CHECKPOINT_KEYS)
+    read = READ.get(name)
+    for key in section:
+        if key in known:
+            continue
+        if name == "training" and key.endswith("_degree"):
+            # Releases before [parallelism] kept the degrees here.
+            raise InvalidInputError(
+                f"{where}: training.{key}: torchtitan reads the parallel degrees from "
+                f"[parallelism]; move it there{did_you_mean(key, PARALLELISM_KEYS)}"
+            )
+        hint = did_you_mean(key, known if read is None else read)
+        if read is not None and not hint:
+            continue  # not one ndplan reads: torchtitan's to judge
+        raise InvalidInputError(
+            f"{where}: {name}.{key} is not a torchtitan setting"
+            + (hint or "; correct its name or remove it")
+        )
+
+
+def _default_batch(
+    result: LaunchLayout, where: str, local: int, replicate: int, shard: int, problem: Problem
+) -> None:
+    """With no ``global_batch_size`` torchtitan steps ``local_batch_size`` × the
+    data-parallel degree (replicate × shard) sequences, without accumulation: the file
+    states the global batch as surely as if it gave it, and must be the search's."""
+    degrees, searched = result.degrees, problem.global_batch
+    others = int(degrees["tp"]) * int(degrees["pp"]) * int(degrees["cp"])
+    if shard != -1:
+        dp: int | None = replicate * shard
+    elif problem.devices and problem.devices % others == 0:
+        dp = problem.devices // others  # FSDP over the devices the other degrees leave
+    else:
+        dp = None
+    if dp is None:
+        # The device count is not known here: the file runs at this --gbs only with
+        # dp = gbs / local_batch_size, so that is the dp placed (and refused there if the
+        # devices give another).
+        if searched % local:
+            raise InvalidInputError(
+                f"{where}: training.global_batch_size is unset, so torchtitan steps "
+                f"local_batch_size {local} × the data-parallel degree sequences, never the "
+                f"search's --gbs {searched}; search with a multiple of {local} or set "
+                "global_batch_size"
+            )
+        degrees["dp"] = searched // local
+        result.notes.append(
+            f"{where}: training.global_batch_size is unset, so torchtitan steps "
+            f"local_batch_size {local} × the data-parallel degree sequences: at --gbs "
+            f"{searched} that is dp {searched // local}"
+        )
+        return
+    implied = local * dp
+    if implied != searched:
+        fix = (
+            f" or set global_batch_size = {searched} to accumulate gradients"
+            if searched % implied == 0
+            else " or place another layout"
+        )
+        raise InvalidInputError(
+            f"{where}: training.global_batch_size is unset, so torchtitan steps "
+            f"local_batch_size {local} × data-parallel degree {dp} = {implied} sequences, "
+            f"not the search's --gbs {searched}; search with --gbs {implied}{fix}"
+        )
+
+
 def _checkpointing(
     config: Mapping[str, Any], where: str, result: LaunchLayout, problem: Problem
 ) -> str | None:
     ac = _section(config, "activation_checkpoint", where)
+    _known_keys(ac, "activation_checkpoint", where)
     if "mode" not in ac:
         return None  # the search's to choose
     mode = ac["mode"]
