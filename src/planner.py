@@ -217,6 +217,66 @@ class Planner:
 
     # ------------------------------------------------------------------ one layout
 
+    def layout(
+        self,
+        ctx: PricingContext,
+        *,
+        tp: int = 1,
+        pp: int = 1,
+        cp: int = 1,
+        dp: int | None = None,
+        vpp: int = 1,
+        ep: int = 1,
+        etp: int | None = None,
+        mbs: int = 1,
+        zero: int | None = None,
+        sp: bool | None = None,
+        recompute: str = "none",
+        offload_optimizer: bool = False,
+        schedule: str | None = None,
+    ) -> Layout:
+        """A layout of the context's problem from the degrees given, the rest as
+        ``ndplan estimate`` takes them: dp from the device count, the micro-batch count
+        from the global batch, the framework's ZeRO stage (recorded as assumed), SP on
+        with TP, the interleaved schedule with VPP. (``Layout(...)`` itself states every
+        field: dp 1, one micro-batch, ZeRO 0, SP off.)"""
+        devices, gbs = ctx.cluster.num_devices, ctx.job.global_batch_size
+        model_parallel = tp * pp * cp
+        if dp is None:
+            if devices % model_parallel:
+                raise InvalidInputError(
+                    f"tp({tp})·pp({pp})·cp({cp}) = {model_parallel} does not divide "
+                    f"devices({devices}); change a degree or --devices"
+                )
+            dp = devices // model_parallel
+        if gbs % (dp * mbs):
+            raise InvalidInputError(
+                f"global batch({gbs}) is not a multiple of dp({dp})·mbs({mbs}) = {dp * mbs}; "
+                "change --gbs or --mbs"
+            )
+        if zero is None:
+            fw = ctx.framework
+            zero = ctx.recorder.default("layout.zero", fw.default_zero, f"{fw.name} default")
+        try:
+            return Layout(
+                dp=dp,
+                tp=tp,
+                pp=pp,
+                vpp=vpp,
+                cp=cp,
+                ep=ep,
+                etp=etp,
+                mbs=mbs,
+                num_microbatches=gbs // (dp * mbs),
+                zero=zero,
+                sp=(tp > 1) if sp is None else sp,
+                schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
+                recompute=recompute,
+                offload_optimizer=offload_optimizer,
+            )
+        except ValidationError as exc:
+            raise InvalidInputError(f"layout: {field_error(exc)}") from None
+
     def estimate(
         self, ctx: PricingContext, layout: Layout, options: PricingOptions | None = None
     ) -> Plan:

@@ -7,11 +7,10 @@ from pathlib import Path
 from typing import Annotated, Any, get_args
 
 import typer
-from pydantic import ValidationError
 from rich.text import Text
 
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InfeasibleError, InvalidInputError, field_error
+from ndplan.core.errors import InfeasibleError, InvalidInputError
 from ndplan.core.layout import Layout
 from ndplan.core.plan import BalanceResult, MemoryMode, Plan
 from ndplan.core.ports import Exporter
@@ -64,60 +63,6 @@ from .output import note, print_json, stdout
 from .render import plan_report, unfilled_pipeline_warning
 
 Degree = Annotated[int, typer.Option(min=1)]
-
-
-def layout_from_flags(
-    *,
-    devices: int,
-    gbs: int,
-    tp: int,
-    pp: int,
-    cp: int,
-    dp: int | None,
-    vpp: int,
-    ep: int,
-    etp: int | None,
-    mbs: int,
-    zero: int,
-    sp: bool | None,
-    recompute: str,
-    offload: bool,
-    schedule: str | None,
-) -> Layout:
-    """A Layout from flags: dp and the micro-batch count follow from the device count and batch."""
-    model_parallel = tp * pp * cp
-    if dp is None:
-        if devices % model_parallel:
-            raise InvalidInputError(
-                f"tp({tp})·pp({pp})·cp({cp}) = {model_parallel} does not divide devices({devices}); "
-                "change a degree or --devices"
-            )
-        dp = devices // model_parallel
-    if gbs % (dp * mbs):
-        raise InvalidInputError(
-            f"global batch({gbs}) is not a multiple of dp({dp})·mbs({mbs}) = {dp * mbs}; change --gbs or --mbs"
-        )
-    if schedule is None:
-        schedule = "interleaved" if vpp > 1 else "1f1b"
-    try:
-        return Layout(
-            dp=dp,
-            tp=tp,
-            pp=pp,
-            vpp=vpp,
-            cp=cp,
-            ep=ep,
-            etp=etp,
-            mbs=mbs,
-            num_microbatches=gbs // (dp * mbs),
-            zero=zero,
-            sp=(tp > 1) if sp is None else sp,
-            schedule=schedule,
-            recompute=recompute,
-            offload_optimizer=offload,
-        )
-    except ValidationError as exc:
-        raise InvalidInputError(f"layout: {field_error(exc)}") from None
 
 
 def parse_layers_per_chunk(text: str, layout: Layout, pctx: PricingContext) -> tuple[int, ...]:
@@ -306,13 +251,8 @@ def _layout_command(
         options=options,
     )
     exporter = exporter_for(planner.components, export, pctx.framework.name) if export else None
-    if zero is None:
-        zero = pctx.recorder.default(
-            "layout.zero", pctx.framework.default_zero, f"{pctx.framework.name} default"
-        )
-    layout = layout_from_flags(
-        devices=devices,
-        gbs=gbs,
+    layout = planner.layout(
+        pctx,
         tp=tp,
         pp=pp,
         cp=cp,
@@ -324,7 +264,7 @@ def _layout_command(
         zero=zero,
         sp=sp,
         recompute=recompute,
-        offload=offload_optimizer,
+        offload_optimizer=offload_optimizer,
         schedule=schedule,
     )
     if layers_per_chunk is not None:

@@ -139,3 +139,16 @@ def test_the_public_names_resolve_from_the_package() -> None:
     assert public == set(ndplan._PUBLIC)
     for name in public:
         assert getattr(ndplan, name).__name__ == name
+
+
+def test_planner_layout_fills_in_the_degrees_as_estimate_does(planner) -> None:
+    ctx = context(planner)  # llama-3-8b, 64 × H100, GBS 512
+    layout = planner.layout(ctx, tp=4, pp=2, vpp=2)
+    assert (layout.dp, layout.num_microbatches, layout.mbs) == (8, 64, 1)
+    assert layout.zero == 1 and layout.sp and layout.schedule == "interleaved"
+    assert "layout.zero" in [a.field for a in ctx.recorder.items]  # the framework's, assumed
+    assert planner.layout(ctx, tp=1).sp is False  # SP means nothing at tp 1
+    with pytest.raises(InvalidInputError, match=r"does not divide devices\(64\)"):
+        planner.layout(ctx, tp=3)
+    with pytest.raises(InvalidInputError, match=r"^layout: tp: Input should be greater"):
+        planner.layout(ctx, tp=-1, dp=1)
