@@ -95,6 +95,14 @@ CalibrationOpt = Annotated[
         "--calibration", help="A calibration file from `ndplan compare --fit`.", show_default=False
     ),
 ]
+CostModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--cost-model",
+        help="The cost model that prices step time: 'ndplan', or one a plugin registers "
+        "(`ndplan plugins` lists them).",
+    ),
+]
 GradDtypeOpt = Annotated[
     str | None,
     typer.Option(

@@ -23,6 +23,7 @@ from .common import (
     ActivationOffloadOpt,
     AttentionOpt,
     CalibrationOpt,
+    CostModelOpt,
     DeferWgradOpt,
     DeviceOpt,
     DevicesOpt,
@@ -199,6 +200,7 @@ def _layout_command(
     reserve: ReserveOpt = None,
     runtime_reserve: RuntimeReserveOpt = None,
     calibration: CalibrationOpt = None,
+    cost_model: CostModelOpt = "ndplan",
     strict: Strict = False,
     device_file: DeviceFiles = None,
     as_json: Json = False,
@@ -216,6 +218,7 @@ def _layout_command(
         check_choice("--schedule", schedule, SCHEDULES)
     options = PricingOptions(
         memory_model=memory_mode,
+        cost_model=cost_model,
         max_mem_gib=max_mem,
         balance_reserve_gib=reserve or 0.0,
         reserve_gib=runtime_reserve,

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from ndplan.bootstrap import REGISTRIES
 from ndplan.core import calibration, cluster, counting, job, layout, model, plan
 from ndplan.core.errors import InvalidInputError
 from ndplan.plugins.manager import BUILTIN_NAME
@@ -31,23 +32,57 @@ SCHEMAS = {
 }
 
 
+def registered(comps) -> dict[str, dict[str, list[str]]]:
+    """By plugin: the names it registered in each registry (``{"cost model": ["slow"]}``):
+    what a command can be told to use (``--cost-model``, ``--debug-sink``, …)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    registries = [getattr(comps, attr) for attr in REGISTRIES]
+    for reg in registries:
+        for e in reg.entries():
+            out.setdefault(e.plugin, {}).setdefault(reg.kind, []).append(e.name)
+    return out
+
+
+def _registers_text(kinds: dict[str, list[str]]) -> str:
+    """Names where few, a count where many (the built-in devices and presets)."""
+    return "; ".join(
+        f"{kind} {', '.join(names)}" if len(names) <= 6 else f"{kind} ×{len(names)}"
+        for kind, names in kinds.items()
+    )
+
+
 def plugins(ctx: typer.Context, as_json: Json = False) -> None:
-    """List the loaded plugins, where each came from, and the hooks it implements.
+    """List the loaded plugins, where each came from, the hooks it implements and what it
+    registered (devices, cost models, debug sinks, executors, …).
 
     Example: ndplan plugins --json
     """
     comps = state(ctx).components()
+    by_plugin = registered(comps)
     if as_json:
         print_json(
-            [{"name": p.name, "source": p.source, "hooks": list(p.hooks)} for p in comps.plugins]
+            [
+                {
+                    "name": p.name,
+                    "source": p.source,
+                    "hooks": list(p.hooks),
+                    "registers": by_plugin.get(p.name, {}),
+                }
+                for p in comps.plugins
+            ]
         )
         return
     stdout.print(
         table(
             "plugins",
-            ["name", "source", "hooks"],
+            ["name", "source", "hooks", "registers"],
             [
-                (p.name, p.source, ", ".join(h.removeprefix("ndplan_") for h in p.hooks))
+                (
+                    p.name,
+                    p.source,
+                    ", ".join(h.removeprefix("ndplan_") for h in p.hooks),
+                    _registers_text(by_plugin.get(p.name, {})),
+                )
                 for p in comps.plugins
             ],
         )

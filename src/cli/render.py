@@ -164,9 +164,12 @@ def header(ctx: PricingContext) -> str:
     seq = f"seq {job.seq_length}"
     if ctx.settings.attention_span < job.seq_length:
         seq += f" (packed documents of {job.document_tokens})"
+    # A cost model other than ndplan's own priced every figure below: say which.
+    cost = getattr(ctx.options, "cost_model", "ndplan")
+    priced_by = f" · cost model '{cost}'" if cost != "ndplan" else ""
     return (
         f"{ctx.model.name} on {ctx.cluster.num_devices} × {ctx.device.id} · gbs {job.global_batch_size} · "
-        f"{seq} · {ctx.settings.precision} · {ctx.settings.framework}"
+        f"{seq} · {ctx.settings.precision} · {ctx.settings.framework}{priced_by}"
     )
 
 

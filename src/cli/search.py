@@ -7,7 +7,7 @@ import csv
 import io
 import math
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +16,7 @@ import yaml
 from pydantic import ValidationError
 from rich.text import Text
 
+from ndplan.adapters.executors.faults import exception_text
 from ndplan.adapters.readers.deepspeed_config import deepspeed_refusal, is_deepspeed
 from ndplan.adapters.readers.launch import LaunchLayout, Problem
 from ndplan.adapters.readers.megatron_args import (
@@ -34,6 +35,8 @@ from ndplan.core.errors import (
     BaselineError,
     InfeasibleError,
     InvalidInputError,
+    NdplanError,
+    PluginError,
     did_you_mean,
     field_error,
 )
@@ -43,6 +46,7 @@ from ndplan.core.plan import Plan, SearchResult, largest_difference
 from ndplan.core.ports import DebugSink
 from ndplan.core.search import FIELDS, RECOMPUTES, SCHEDULES, SearchOutcome
 from ndplan.planner import REBALANCE_CONFLICT, PricingOptions
+from ndplan.plugins.manager import BUILTIN_NAME
 
 from . import interrupts
 from .common import (
@@ -51,6 +55,7 @@ from .common import (
     ActivationOffloadOpt,
     AttentionOpt,
     CalibrationOpt,
+    CostModelOpt,
     DeferWgradOpt,
     DeviceOpt,
     DevicesOpt,
@@ -682,6 +687,7 @@ def search_cmd(
         bool, typer.Option("--force", help="Overwrite output files that exist.")
     ] = False,
     calibration: CalibrationOpt = None,
+    cost_model: CostModelOpt = "ndplan",
     strict: Strict = False,
     exhaustive: Annotated[
         bool, typer.Option("--exhaustive", help="Price every candidate (no bounding).")
@@ -724,6 +730,7 @@ def search_cmd(
             else space_values.get("reserve", 0.0),
             reserve_gib=runtime_reserve,
             calibration=calibration,
+            cost_model=cost_model,
         )
         job = JobInputs(
             gbs,
@@ -797,7 +804,8 @@ def search_cmd(
                 "--baseline: " + REBALANCE_CONFLICT.format(rebalancing="--rebalance")
             )
         stated, stated_split = baseline_values(baseline, pctx) if baseline else (None, None)
-        sinks = []
+        sinks: list[DebugSink] = []
+        owners: list[str] = []
         made_debug_dir = False
         # Fix: a sink named with --debug-sink but no --debug-dir was silently ignored; now
         # it is opened, and a sink that needs a folder says so (exit 3).
@@ -807,59 +815,51 @@ def search_cmd(
         if names:
             registry = planner.components.debug_sinks
             sinks = [create(registry, n, DebugSink) for n in names]
+            owners = [registry.entry(n).plugin for n in names]
             if debug_dir is not None:
                 _check_debug_dir(debug_dir, sinks, force)
                 made_debug_dir = not debug_dir.exists()
-            for sink in sinks:
-                try:
-                    sink.open(debug_dir)
-                except OSError as exc:
-                    raise InvalidInputError(
-                        f"--debug-dir {debug_dir}: cannot write there ({exc.strerror or exc})"
-                    ) from None
 
-        def keep_records() -> None:
-            interrupts.check()  # an interrupted search keeps none, even if Python dropped it
-            for sink in sinks:
-                sink.close()
-
+        # Fix: a search that failed or was interrupted never closed nor aborted its sinks:
+        # a plugin's file stayed half-written. Now they are aborted (_debug_sinks), and
+        # kept only once the search, the rebalancing and the checks on them have passed.
         with (
-            progress_reporter() as report,
             _dropped_if_empty(debug_dir if made_debug_dir else None),
+            _debug_sinks(sinks, names, owners, debug_dir) as keep_records,
         ):
-            try:
-                outcome = planner.search(
-                    pctx,
-                    space,
-                    top_k=top,
-                    distinct=distinct,
-                    options=options,
-                    executor=pool,
-                    sinks=sinks,
-                    bounding=not exhaustive,
-                    collect_parts=ranking_out is not None,
-                    progress=report,
-                    baseline=stated,
+            with progress_reporter() as report:
+                try:
+                    outcome = planner.search(
+                        pctx,
+                        space,
+                        top_k=top,
+                        distinct=distinct,
+                        options=options,
+                        executor=pool,
+                        sinks=sinks,
+                        bounding=not exhaustive,
+                        collect_parts=ranking_out is not None,
+                        progress=report,
+                        baseline=stated,
+                    )
+                except InfeasibleError:
+                    # The search ran to its end: the records say why nothing fits (every
+                    # candidate over memory, by how much), which is what the folder is for.
+                    keep_records()
+                    raise
+                except BaselineError as exc:  # named as the user gave it
+                    raise InvalidInputError(f"--baseline: {exc.detail}") from None
+            result = outcome.result
+            if rebalance:
+                result = planner.rebalance(pctx, result, options)
+            if explain > len(result.plans):  # checked before anything is written
+                raise InvalidInputError(
+                    f"--explain {explain}: only {len(result.plans)} plans fit; "
+                    f"pick a rank up to {len(result.plans)}"
                 )
-            except InfeasibleError:
-                # The search ran to its end: the records say why nothing fits (every
-                # candidate over memory, by how much), which is what the folder is for.
-                keep_records()
-                raise
-            except BaselineError as exc:  # named as the user gave it
-                raise InvalidInputError(f"--baseline: {exc.detail}") from None
-        keep_records()  # before anything is written or printed
+            keep_records()  # before anything is written or printed
 
         price_per_layer = layout_pricer(planner, pctx, options)
-
-        result = outcome.result
-        if rebalance:
-            result = planner.rebalance(pctx, result, options)
-        if explain > len(result.plans):  # checked before anything is written
-            raise InvalidInputError(
-                f"--explain {explain}: only {len(result.plans)} plans fit; "
-                f"pick a rank up to {len(result.plans)}"
-            )
         if ranking_out is not None:
             exact = outcome.exactly_ranked
             write_atomic(ranking_out, ranking_csv(outcome, exact), force=True)
@@ -928,6 +928,68 @@ def _dropped_if_empty(directory: Path | None) -> Iterator[None]:
             with contextlib.suppress(OSError):  # not empty (records kept), or already gone
                 directory.rmdir()
         raise
+
+
+@contextlib.contextmanager
+def _debug_sinks(
+    sinks: list[DebugSink], names: list[str], owners: list[str], directory: Path | None
+) -> Iterator[Callable[[], None]]:
+    """Open the sinks for the block, which calls the ``keep`` this yields once its run
+    has succeeded: that closes them, and they keep their records. A failure or an
+    interrupt before (or while) the sinks are kept aborts every sink still open
+    (``_abort``): a run that stops early leaves no records. Plugins' sinks are closed
+    before the built-in ones, so a plugin sink that fails to close leaves no built-in
+    file either; a built-in sink whose files were written before another one failed
+    removes them (its ``abort``)."""
+    still_open: dict[int, DebugSink] = {}
+    written: list[DebugSink] = []  # built-in sinks closed by a keep that has not ended
+
+    def keep() -> None:
+        interrupts.check()  # an interrupted search keeps none, even if Python dropped it
+        for i in sorted(still_open, key=lambda i: owners[i] == BUILTIN_NAME):
+            sink = still_open.pop(i)
+            sink.close()  # a sink whose close raised is not called again
+            if owners[i] == BUILTIN_NAME:
+                written.append(sink)
+        written.clear()
+
+    try:
+        for i, sink in enumerate(sinks):
+            _open_sink(sink, names[i], owners[i], directory)
+            still_open[i] = sink
+        yield keep
+    except BaseException:
+        _abort([*still_open.values(), *written])
+        raise
+
+
+def _open_sink(sink: DebugSink, name: str, owner: str, directory: Path | None) -> None:
+    """``sink.open(directory)``: a built-in sink's OSError is the folder's (invalid input,
+    exit 3); anything a plugin's sink raises is the plugin's (exit 4), named."""
+    try:
+        sink.open(directory)
+    except NdplanError:
+        raise
+    except Exception as exc:
+        if owner != BUILTIN_NAME:
+            raise PluginError(
+                f"debug sink '{name}' (from '{owner}') could not open: {exception_text(exc)}"
+            ) from None
+        if isinstance(exc, OSError):
+            raise InvalidInputError(
+                f"--debug-dir {directory}: cannot write there ({exc.strerror or exc})"
+            ) from None
+        raise
+
+
+def _abort(sinks: list[DebugSink]) -> None:
+    """Tell each sink its run failed: its ``abort()`` where it has one (drop the records,
+    leave no files), else its ``close()``. What they raise is dropped: the run's own
+    error is the one reported, and every sink gets its turn."""
+    for sink in sinks:
+        end = getattr(sink, "abort", None)
+        with contextlib.suppress(Exception):
+            (end if callable(end) else sink.close)()
 
 
 def _check_debug_dir(directory: Path, sinks: list, force: bool) -> None:

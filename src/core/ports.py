@@ -253,6 +253,15 @@ class DebugSink(Protocol):
 
     A sink that writes files into the debug folder may list their names in a ``files``
     attribute; the CLI then refuses to overwrite an earlier run's without ``--force``.
+
+    Ending: the caller that opened the sink (the CLI) calls ``close()`` once the run has
+    succeeded (or found that nothing fits: the records say why), and ``close()`` is where
+    a sink commits its records. A run that fails or is interrupted after the sink was
+    opened calls its optional ``abort()`` instead — drop the records, leave no files —
+    or, where the sink has none, ``close()``. What ``abort()`` raises is ignored (the
+    run reports its own error); a ``close()`` that raised is followed by neither.
+    Plugins' sinks are closed before the built-in ones, which write only in ``close()``
+    and leave no file behind a failed run. What ``open()`` raises is the plugin's error.
     """
 
     name: str

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from numbers import Real
 
 from .context import PricingContext, StagePlacement, layer_counts, layer_key, placement_key
 from .counting import count_flops, model_flops_per_step
@@ -42,6 +44,141 @@ NONE_OR_OFFLOAD = (KEPT, option_name(OFFLOADED))
 
 _UNSOLVED = object()
 """Marks a stage knapsack not yet in the cache (None is a cached "nothing fits")."""
+
+_INF = math.inf
+
+
+class PortOutputError(ValueError):
+    """What a plugin's port implementation returned cannot be priced with (a NaN, a
+    negative time, a string where seconds belong), raised where ndplan receives it, with
+    the method, the part and the value. ``owner`` is the module of the implementation's
+    class: the fault classifier (``adapters/executors/faults.py``) blames its plugin."""
+
+    def __init__(self, message: str, owner: str = "") -> None:
+        super().__init__(message)
+        self.owner = owner
+
+
+def bad_seconds(parts: object) -> tuple[str | None, object] | None:
+    """The first ``(part, value)`` of ``parts`` that is no finite number of seconds ≥ 0,
+    ``(None, parts)`` when ``parts`` is no mapping, None when every part is good. One pass
+    over the parts, the common case (a float in range) first."""
+    if not isinstance(parts, Mapping):
+        return None, parts
+    for name, value in parts.items():
+        if value.__class__ is float:
+            if 0.0 <= value < _INF:  # False for NaN
+                continue
+        elif isinstance(value, Real) and not isinstance(value, bool) and 0 <= value < _INF:
+            continue
+        return name, value
+    return None
+
+
+class CheckedCostModel:
+    """A cost model that is not ndplan's own, as the pricer calls it.
+
+    What its ``layer_seconds`` and ``stage_seconds`` return is checked where ndplan
+    receives it — every part a finite number of seconds ≥ 0 — and so is ``step``'s
+    ``step_s``. A bad value is a :class:`PortOutputError` naming the method, the part and
+    the value: a NaN compares false with everything (a candidate silently dropped out of
+    the ranking), a negative part printed a negative step, and a string failed later in
+    ndplan's own arithmetic, far from the plugin. Each check is one pass over the parts,
+    on calls the pricer and the search memoise (a stage's seconds, a layer's options).
+    Everything else reads through to the model."""
+
+    def __init__(self, model: CostModel) -> None:
+        self.model = model
+
+    def __getattr__(self, name: str):
+        try:
+            model = self.__dict__["model"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(model, name)
+
+    def layer_seconds(self, ctx, layout, kind, recompute):
+        model = self.model
+        parts = model.layer_seconds(ctx, layout, kind, recompute)
+        bad = bad_seconds(parts)
+        if bad is not None:
+            where = f"layer kind '{kind.name}' under recompute {option_name(recompute)}"
+            raise _bad_output(model, "layer_seconds", bad, where)
+        return parts
+
+    def stage_seconds(self, ctx, layout, stage, assignment):
+        model = self.model
+        try:
+            parts = model.stage_seconds(ctx, layout, stage, assignment)
+        except Exception:
+            # A model that sums its own layer_seconds (NdplanCostModel's subclasses) calls
+            # it past this wrapper: a string there fails in the sum. Name the layer part.
+            fault = self._layer_fault(ctx, layout, assignment)
+            if fault is not None:
+                raise fault from None
+            raise
+        bad = bad_seconds(parts)
+        if bad is not None:
+            raise self._layer_fault(ctx, layout, assignment) or _bad_output(
+                model, "stage_seconds", bad, f"stage {stage.index}"
+            )
+        return parts
+
+    def _layer_fault(self, ctx, layout, assignment) -> PortOutputError | None:
+        """The error of the first layer of ``assignment`` whose ``layer_seconds`` are bad,
+        if one's are: where a stage's seconds went wrong, the layer part that made them
+        (only asked once they did, so the checks cost nothing on the way)."""
+        try:
+            for kind_index, _, _, recompute in assignment:
+                self.layer_seconds(ctx, layout, ctx.model.kinds[kind_index], recompute)
+        except PortOutputError as exc:
+            return exc
+        except Exception:  # the model's own error: the stage's stands
+            return None
+        return None
+
+    def step(self, ctx, layout, stages, stage_layer_seconds):
+        model = self.model
+        time = model.step(ctx, layout, stages, stage_layer_seconds)
+        step_s = getattr(time, "step_s", None)
+        if not (step_s.__class__ is float and 0.0 <= step_s < _INF):
+            if not isinstance(time, TimeBreakdown):
+                raise _bad_output(model, "step", (None, time), expected="a TimeBreakdown")
+            bad = bad_seconds({"step_s": step_s})
+            if bad is not None:
+                raise _bad_output(model, "step", bad)
+        return time
+
+
+def checked_cost_model(cost: CostModel) -> CostModel:
+    """``cost`` as the pricer calls it: ndplan's own models as they are (their outputs are
+    tested, and cost nothing to check), any other behind :class:`CheckedCostModel`."""
+    module = type(cost).__module__
+    if module == "ndplan" or module.startswith("ndplan."):
+        return cost
+    return CheckedCostModel(cost)
+
+
+def _bad_output(
+    model: object,
+    method: str,
+    bad: tuple[str | None, object],
+    where: str = "",
+    expected: str = "seconds by part",
+) -> PortOutputError:
+    """The error for ``model``'s ``method`` returning ``bad`` (``bad_seconds``)."""
+    part, value = bad
+    kind = type(model)
+    at = f" for {where}" if where else ""
+    if part is None:
+        problem = f"returned a {type(value).__name__}{at}; it returns {expected}"
+    else:
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        if not isinstance(value, Real):
+            shown += f" (a {type(value).__name__})"
+        problem = f"returned {part}={shown}{at}; every part must be a finite number of seconds ≥ 0"
+    return PortOutputError(f"cost model {kind.__name__}: {method} {problem}", owner=kind.__module__)
 
 
 @dataclass(slots=True)
@@ -86,7 +223,7 @@ class Pricer:
     ) -> None:
         self.ctx = ctx
         self.memory = memory
-        self.cost = cost
+        self.cost = checked_cost_model(cost)  # a plugin's outputs are checked as they come
         self.solver = solver
         # The balanced split weighs the head as this cost model will price it.
         ctx.layer_splits.weigh_head_with(self.head_weight)
@@ -103,19 +240,19 @@ class Pricer:
             return None
         last = ctx.placement(layout)[-1]
         plain = replace(last, has_head=False, has_mtp=False)
-
-        def compute(parts) -> float:
-            return parts["forward"] + parts["backward"] + parts["recompute"]
-
         recompute = self.policy_recompute(layout)
-
-        head = compute(self.cost.stage_seconds(ctx, layout, last, ())) - compute(
-            self.cost.stage_seconds(ctx, layout, plain, ())
+        # Summed here, not in a helper: what fails on the parts fails in a frame that holds
+        # the cost model, so the fault classifier blames its plugin (not ndplan).
+        cost = self.cost
+        with_head = cost.stage_seconds(ctx, layout, last, ())
+        without = cost.stage_seconds(ctx, layout, plain, ())
+        head = (with_head["forward"] + with_head["backward"] + with_head["recompute"]) - (
+            without["forward"] + without["backward"] + without["recompute"]
         )
-        layers = sum(
-            count * compute(self.cost.layer_seconds(ctx, layout, kind, recompute))
-            for kind, count in ctx.model.kind_counts()
-        )
+        layers = 0.0
+        for kind, count in ctx.model.kind_counts():
+            parts = cost.layer_seconds(ctx, layout, kind, recompute)
+            layers += count * (parts["forward"] + parts["backward"] + parts["recompute"])
         if layers <= 0 or head <= 0:
             return None
         return head / (layers / ctx.model.num_layers)

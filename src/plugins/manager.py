@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 
 import pluggy
 
-from ndplan.core.errors import PluginError
+from ndplan.core.errors import NdplanError, PluginError
 
 from . import hookspecs
 
@@ -81,7 +82,7 @@ def make_plugin_manager(
                 plugin = ep.load()
             except Exception as exc:
                 raise PluginError(
-                    f"plugin '{ep.name}' ({ep.value}) failed to load: {type(exc).__name__}: {exc}"
+                    f"plugin '{ep.name}' ({ep.value}) failed to load: {_exception_text(exc)}"
                 ) from None
             register(plugin, ep.name, source)
     for module in modules:
@@ -91,7 +92,7 @@ def make_plugin_manager(
             plugin = importlib.import_module(module)
         except Exception as exc:
             raise PluginError(
-                f"plugin module '{module}' failed to import: {type(exc).__name__}: {exc}"
+                f"plugin module '{module}' failed to import: {_exception_text(exc)}"
             ) from None
         register(plugin, module, f"module {module}")
     for obj in extra:
@@ -108,6 +109,7 @@ def make_plugin_manager(
                     f"plugin '{impl.plugin_name}' ({sources.get(impl.plugin_name, '?')}) "
                     f"implements unknown hook '{hook_name}'; see docs/hooks.md"
                 )
+    _guard_hook_impls(pm)
 
     infos = []
     for name, plugin in pm.list_name_plugin():
@@ -115,3 +117,40 @@ def make_plugin_manager(
         infos.append(PluginInfo(name=name, source=sources.get(name, "?"), hooks=hooks))
     infos.sort(key=lambda i: (i.name != BUILTIN_NAME, i.name))
     return pm, infos
+
+
+def _guard_hook_impls(pm: pluggy.PluginManager) -> None:
+    """Each third-party hook implementation reports what it raises as one line naming the
+    plugin and the hook (``_guarded``). The built-in's are left as they are."""
+    for hook_name, caller in vars(pm.hook).items():
+        if hook_name.startswith("_"):
+            continue
+        for impl in caller.get_hookimpls():
+            if impl.plugin_name == BUILTIN_NAME or impl.hookwrapper or impl.wrapper:
+                continue
+            impl.function = _guarded(impl.function, impl.plugin_name, hook_name)
+
+
+def _guarded(function: Callable, plugin: str, hook_name: str) -> Callable:
+    """``function``, raising a one-line PluginError for anything but ndplan's own errors:
+    a message spanning lines (a pydantic dump of a ``DeviceSpec`` built without a field)
+    would break the one line an error gets."""
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except NdplanError:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                f"plugin '{plugin}' failed in {hook_name}: {_exception_text(exc)}"
+            ) from None
+
+    return call
+
+
+def _exception_text(exc: BaseException) -> str:
+    from ndplan.adapters.executors.faults import exception_text  # only once a plugin fails
+
+    return exception_text(exc)

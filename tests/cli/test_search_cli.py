@@ -1288,3 +1288,29 @@ def test_a_narrow_terminal_keeps_the_rankings_numbers_whole(capsys, monkeypatch,
     plans = search_json(capsys, *SMALL, "-t", "3")["plans"]
     for plan in plans:  # every step time is printed whole
         assert f"{plan['time']['step_s']:.3f}" in out
+
+
+def test_a_plugins_cost_model_is_chosen_by_name_and_named_in_the_report(capsys) -> None:
+    """A cost model registered beside the built-in one is used with --cost-model and the
+    report says which priced it; `ndplan plugins` lists it; an unknown name is one line."""
+    argv = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "64", "-s", "4096")
+    layout = ("--tp", "4", "--pp", "1")
+    steps = {}
+    for cost in ("ndplan", "slow-tp"):
+        code, out, err = invoke(
+            capsys, "-p", "slow_tp_cost", "estimate", *argv, *layout, "--cost-model", cost, "--json"
+        )
+        assert code == 0, err
+        steps[cost] = json.loads(out)["time"]["step_s"]
+    assert steps["slow-tp"] > steps["ndplan"]
+    code, out, err = invoke(
+        capsys, "-p", "slow_tp_cost", "search", *argv, "-t", "2", "--cost-model", "slow-tp"
+    )
+    assert code == 0, err
+    assert "· cost model 'slow-tp'" in out
+    code, out, err = invoke(capsys, "-p", "slow_tp_cost", "plugins", "--json")
+    assert next(p["registers"] for p in json.loads(out) if p["name"] == "slow_tp_cost") == {
+        "cost model": ["slow-tp"]
+    }
+    code, out, err = invoke(capsys, "search", *argv, "--cost-model", "slow-tp")
+    assert code == 3 and out == "" and "unknown cost model 'slow-tp'" in err

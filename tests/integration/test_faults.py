@@ -281,3 +281,49 @@ def test_the_innermost_owned_frame_decides_whose_fault(faulty) -> None:
 
 
 _TP2_CP2 = type("Layout", (), {"tp": 2, "cp": 2})()
+
+
+def test_a_plugins_cost_model_is_checked_and_ndplans_own_is_not(faulty) -> None:
+    from ndplan.bootstrap import bootstrap
+    from ndplan.core.job import Job
+    from ndplan.core.layout import Layout
+    from ndplan.core.performance import NdplanCostModel
+    from ndplan.core.pricing import CheckedCostModel, PortOutputError, Pricer
+    from ndplan.planner import Planner
+
+    planner = Planner(bootstrap(entry_points=False))
+    ctx = planner.context(
+        planner.model("llama-3-8b"),
+        planner.device("h100"),
+        8,
+        Job(global_batch_size=16, seq_length=2048),
+    )
+    shipped = planner.pricer(ctx)
+    # The built-in model is ndplan's, tested: not wrapped, so its search pays nothing.
+    assert type(shipped.cost) is NdplanCostModel
+    plugged = Pricer(ctx, shipped.memory, faulty.FaultyCostModel(ctx.calibration), shipped.solver)
+    assert isinstance(plugged.cost, CheckedCostModel)
+    assert plugged.cost.name == "ndplan"  # everything else reads through
+
+    class Nan(faulty.FaultyCostModel):
+        def layer_seconds(self, ctx, layout, kind, recompute):
+            return {**super().layer_seconds(ctx, layout, kind, recompute), "ep_comm": float("nan")}
+
+    Nan.__module__ = "faulty_cost"  # defined by the plugin module, as its classes are
+    checked = Pricer(ctx, shipped.memory, Nan(ctx.calibration), shipped.solver)
+    kind = ctx.model.kinds[0]
+    layout = Layout(tp=2, pp=1, dp=4, mbs=1, num_microbatches=4)
+    bad = _raise_from(lambda: checked.cost.layer_seconds(ctx, layout, kind, frozenset()))
+    assert isinstance(bad, PortOutputError)
+    # Blamed by the model's class, with no plugin frame on the stack; one line.
+    error = classify(bad, "candidate x", ["faulty_cost"])
+    assert isinstance(error, PluginError)
+    assert str(error) == (
+        f"candidate x: plugin 'faulty_cost': cost model Nan: layer_seconds returned "
+        f"ep_comm=nan for layer kind '{kind.name}' under recompute none; every part must be "
+        "a finite number of seconds ≥ 0"
+    )
+    # ndplan's own error is one line too, whatever its message spans.
+    internal = classify(ValueError("first\n  second"), "candidate x", ["faulty_cost"])
+    assert isinstance(internal, InternalError)
+    assert str(internal).startswith("candidate x: internal error: ValueError: first; second")

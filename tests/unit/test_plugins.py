@@ -214,6 +214,32 @@ def test_a_plugin_raising_in_a_hook_is_a_plugin_error_naming_it() -> None:
     assert err.value.exit_code is ExitCode.PLUGIN_ERROR
 
 
+def test_a_plugin_hook_raising_lines_is_one_line_error() -> None:
+    # A message that spans lines (a plugin's own, a pydantic dump) broke the one line.
+    class Multiline:
+        @hookimpl
+        def ndplan_register_devices(self, registry):
+            raise RuntimeError("datasheet not found\n  looked in /etc/acme\n")
+
+    class Incomplete:
+        @hookimpl
+        def ndplan_register_devices(self, registry):
+            DeviceSpec(id="x2000", memory_gib=96, peak_tflops={"bf16": 1200.0})
+
+    with pytest.raises(PluginError) as err:
+        bootstrap(extra=[Multiline()], entry_points=False)
+    assert str(err.value) == (
+        "plugin 'Multiline' failed in ndplan_register_devices: RuntimeError: datasheet not "
+        "found; looked in /etc/acme"
+    )
+    with pytest.raises(PluginError) as err:
+        bootstrap(extra=[Incomplete()], entry_points=False)
+    assert str(err.value) == (
+        "plugin 'Incomplete' failed in ndplan_register_devices: device 'x2000': "
+        "hbm_bandwidth_gb_per_s: Field required (and 3 more)"
+    )
+
+
 def test_a_plugin_with_a_misspelled_hook_is_refused() -> None:
     class Typo:
         @hookimpl
@@ -503,7 +529,9 @@ def test_an_entry_point_plugin_shows_up_in_ndplan_plugins(
         "name": "fakedevices",
         "source": "entry point ndplan-fake 1.2.3 (ndplan_fake)",
         "hooks": ["ndplan_register_devices"],
+        "registers": {"device": ["ep-accel"]},
     }
+    assert listing[0]["registers"]["cost model"] == ["ndplan"]
 
 
 def test_a_malformed_entry_point_exits_4_with_one_line_naming_it(
@@ -541,3 +569,39 @@ def test_a_replacement_is_shown_in_ndplan_plugins(
     assert run(["plugins"]) == ExitCode.OK
     err = capsys.readouterr().err
     assert f"device 'h100-sxm': 'derate' replaces '{BUILTIN_NAME}'" in err
+
+
+# --------------------------------------------------------------- built-in debug sinks
+
+
+@pytest.mark.parametrize("kind", ["csv", "jsonl"])
+def test_a_built_in_sink_that_fails_to_write_leaves_none_of_its_files(tmp_path, kind) -> None:
+    from ndplan.adapters.sinks.files import CsvSink, JsonLinesSink
+
+    sink = CsvSink() if kind == "csv" else JsonLinesSink()
+    sink.open(tmp_path)
+    sink.memory({"tp": 1}, {"total": 1.0})
+    sink.time({"tp": 1}, {"step": 0.5})
+    sink.refusal({"tp": 3}, "tp_divides_heads")
+    (tmp_path / sink.files[-1]).mkdir()  # its last file cannot be written
+    with pytest.raises(OSError):
+        sink.close()
+    # The CSV sink wrote debug_mem.csv and debug_perf.csv before it met the failure.
+    assert [p.name for p in tmp_path.iterdir()] == [sink.files[-1]]
+
+
+def test_a_built_in_sink_aborted_keeps_nothing(tmp_path) -> None:
+    from ndplan.adapters.sinks.files import CsvSink
+
+    aborted = CsvSink()
+    aborted.open(tmp_path)
+    aborted.memory({"tp": 1}, {"total": 1.0})
+    aborted.abort()
+    assert list(tmp_path.iterdir()) == []
+    # Closed before another sink failed to: its files go when the run is aborted.
+    closed = CsvSink()
+    closed.open(tmp_path)
+    closed.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(CsvSink.files)
+    closed.abort()
+    assert list(tmp_path.iterdir()) == []

@@ -8,19 +8,27 @@ point, or one of their submodules — and an internal error (exit 5) otherwise.
 Frames of other libraries (numpy, the standard library) are skipped, so a
 plugin that divides by zero in numpy is still the plugin's fault.
 
+A value a plugin's cost model returns that cannot be priced with (a NaN, a negative
+time, a string) is checked where the pricer receives it (``core.pricing.CheckedCostModel``)
+and blamed on the plugin by the module of the model's class.
+
 The same guard runs in the main process (serial pricing) and in every worker, so
-the message and the exit code do not depend on the executor.
+the message and the exit code do not depend on the executor. Every message is one line
+(``exception_text``), however many lines the exception's own text spans.
 """
 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from ndplan.core.errors import InternalError, NdplanError, PluginError
+from pydantic import ValidationError
+
+from ndplan.core.errors import InternalError, NdplanError, PluginError, field_error
+from ndplan.core.pricing import PortOutputError
 from ndplan.core.search import Candidate, SearchPricing, candidate_dict, candidate_text
 
 ENTRY_POINT_GROUP = "ndplan"
@@ -29,6 +37,33 @@ ENTRY_POINT_GROUP = "ndplan"
 def describe_candidate(c: Candidate) -> str:
     """``tp=2 pp=4 … schedule=1f1b``: every degree of one candidate, for error lines."""
     return candidate_text(candidate_dict(c))
+
+
+NOUNS = {"DeviceSpec": "device", "ModelSpec": "model"}
+"""What a user calls the spec a validation error names (its ``title``)."""
+
+
+def one_line(text: object) -> str:
+    """``text``'s non-blank lines, stripped and joined with ``; ``."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def exception_text(exc: BaseException) -> str:
+    """``Type: message`` on one line, whatever the message spans. A pydantic validation
+    error (a plugin building a ``DeviceSpec`` without a field) reads as its first
+    complaint, worded as ndplan's own file readers word it (``field_error``):
+    ``device 'x2000': hbm_bandwidth_gb_per_s: Field required``."""
+    if isinstance(exc, ValidationError):
+        errors = exc.errors()
+        if errors:
+            given = errors[0].get("input")
+            ident = given.get("id") if isinstance(given, Mapping) else None
+            noun = NOUNS.get(exc.title, exc.title)
+            subject = f"{noun} '{ident}'" if isinstance(ident, str) else noun
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            return one_line(f"{subject}: {field_error(exc)}{more}")
+    message = one_line(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def entry_point_modules() -> tuple[str, ...]:
@@ -55,7 +90,9 @@ class Blame:
     via: str | None = None
 
     def message(self, exc: BaseException) -> str:
-        error = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, PortOutputError):  # says itself what was wrong, and where
+            return f"plugin '{self.plugin}': {one_line(exc)}"
+        error = exception_text(exc)
         if self.via is None:
             return f"plugin '{self.plugin}' raised {error}"
         # A cost model returning a string where seconds belong fails in the code that adds
@@ -70,8 +107,11 @@ def blame(exc: BaseException, plugins: Iterable[str]) -> Blame | None:
     """The plugin at fault for ``exc``, or None when it is ndplan's own. The innermost frame
     of a plugin or of ndplan decides: a plugin's frame blames the plugin; an ndplan frame
     blames the plugin whose object (``self``, a cost model in hand) it was working on,
-    else no one but ndplan."""
+    else no one but ndplan. A :class:`PortOutputError` (a bad value a plugin's model
+    returned) names the module of the model's class itself."""
     owners = _owners(plugins)
+    if isinstance(exc, PortOutputError) and exc.owner:
+        return Blame(_owner(exc.owner, owners) or exc.owner)
     for frame, _ in reversed(list(traceback.walk_tb(exc.__traceback__))):
         module = str(frame.f_globals.get("__name__", ""))
         owner = _owner(module, owners)
@@ -99,8 +139,7 @@ def classify(exc: Exception, what: str, plugins: Iterable[str]) -> NdplanError:
     if found is not None:
         return PluginError(f"{what}: {found.message(exc)}")
     return InternalError(
-        f"{what}: internal error: {type(exc).__name__}: {exc} (rerun with NDPLAN_DEBUG=1 for "
-        "a traceback)"
+        f"{what}: internal error: {exception_text(exc)} (rerun with NDPLAN_DEBUG=1 for a traceback)"
     )
 
 

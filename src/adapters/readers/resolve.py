@@ -47,7 +47,9 @@ def _blamed_on(plugin: str, failed: str) -> Iterator[None]:
     except Exception as exc:
         if plugin == BUILTIN_PLUGIN:
             raise
-        raise PluginError(f"{failed}: {type(exc).__name__}: {exc}") from None
+        from ndplan.adapters.executors.faults import exception_text  # only once one fails
+
+        raise PluginError(f"{failed}: {exception_text(exc)}") from None
 
 
 @dataclass(frozen=True)
@@ -129,11 +131,19 @@ def _read_path(
     registry = components.readers
     for entry in registry.entries():  # name order, as the hook documents
         reader = entry.value
-        if not reader.can_read(path):
-            continue
         failed = f"model reader '{entry.name}' of plugin '{entry.plugin}' failed on {path}"
         with _blamed_on(entry.plugin, failed):
+            if not reader.can_read(path):
+                continue
             spec = reader.read(path, recorder)
+        if not isinstance(spec, ModelSpec):
+            # Checked here, where ndplan receives it: it failed later, far from the
+            # reader, as ndplan's own error (exit 5).
+            raise PluginError(
+                f"model reader '{entry.name}' of plugin '{entry.plugin}' returned "
+                f"{type(spec).__name__} for {path}; a model reader returns a ModelSpec "
+                "(ndplan.core.model)"
+            )
         return ResolvedModel(spec=spec, path=path, reader=entry.name)
     return None
 

@@ -1,8 +1,9 @@
 """Built-in debug sinks: CSV files, JSON lines, and a null sink.
 
 Records arrive in the search's order; they are buffered and written when the sink
-closes, through a temporary file and a rename, so an aborted search leaves no
-half-written file behind.
+closes: every file of a sink to a temporary file beside it first, then all renamed into
+place, so a sink whose writing fails leaves none of its files. A run that fails or is
+interrupted aborts its sinks instead of closing them (``abort``): no file at all.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import stat
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ndplan.adapters.files import replace_atomically
 from ndplan.core.errors import InvalidInputError
 
 
@@ -58,6 +61,8 @@ class _Buffered:
         self.refusal_rows: list[dict[str, Any]] = []
         self.leading: list[str] = []
         self.refused_fields: list[str] = []
+        self.written: list[Path] = []
+        """The files ``close`` wrote (``abort`` removes them)."""
 
     def open(self, directory: Path | None) -> None:
         if directory is None:
@@ -78,6 +83,47 @@ class _Buffered:
         if len(candidate) > len(self.refused_fields):
             self.refused_fields = list(candidate)
 
+    def abort(self) -> None:
+        """The run failed or was interrupted: keep nothing. The records are dropped, and
+        the files this sink wrote are removed (it closed before another sink failed to)."""
+        self.memory_rows.clear()
+        self.time_rows.clear()
+        self.refusal_rows.clear()
+        for path in self.written:
+            path.unlink(missing_ok=True)
+        self.written.clear()
+
+    def write(self, texts: Mapping[str, str]) -> None:
+        """Write each ``name: text`` into the folder: all to temporary files beside their
+        targets first, then all renamed over them. A failure removes the temporary files
+        and any file this call already renamed, so it leaves none of them (an earlier
+        run's that a rename replaced is gone, as a completed write would leave it)."""
+        assert self.directory is not None
+        staged: list[tuple[str, Path]] = []
+        renamed: list[Path] = []
+        try:
+            for name, text in texts.items():
+                # Through a symlink the file it names is replaced, as open() would write.
+                path = Path(os.path.realpath(self.directory / name))
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+                staged.append((tmp, path))
+                with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+                    fh.write(text)
+                # mkstemp makes the file owner-only: give it the mode a plain open() would
+                # (the umask's), or keep the mode of the file it replaces.
+                mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _default_mode()
+                os.chmod(tmp, mode)
+            for tmp, path in staged:
+                os.replace(tmp, path)
+                renamed.append(path)
+        except BaseException:
+            for tmp, _ in staged:
+                Path(tmp).unlink(missing_ok=True)
+            for path in renamed:
+                path.unlink(missing_ok=True)
+            raise
+        self.written.extend(renamed)
+
     @property
     def candidate_fields(self) -> list[str]:
         """The leading columns of the parts files: a priced candidate's fields or, where
@@ -93,12 +139,15 @@ class CsvSink(_Buffered):
     files = ("debug_mem.csv", "debug_perf.csv", "debug_refusals.csv")
 
     def close(self) -> None:
-        assert self.directory is not None
         mem, perf, refusals = self.files
         leading = self.candidate_fields
-        replace_atomically(self.directory / mem, _csv_text(self.memory_rows, leading))
-        replace_atomically(self.directory / perf, _csv_text(self.time_rows, leading))
-        replace_atomically(self.directory / refusals, _csv_text(self.refusal_rows, ["reason"]))
+        self.write(
+            {
+                mem: _csv_text(self.memory_rows, leading),
+                perf: _csv_text(self.time_rows, leading),
+                refusals: _csv_text(self.refusal_rows, ["reason"]),
+            }
+        )
 
 
 class JsonLinesSink(_Buffered):
@@ -126,10 +175,13 @@ class JsonLinesSink(_Buffered):
             json.dumps({"record": "refusal", "candidate": dict(candidate), "reason": reason})
         )
 
+    def abort(self) -> None:
+        self.lines.clear()
+        super().abort()
+
     def close(self) -> None:
-        assert self.directory is not None
         (name,) = self.files
-        replace_atomically(self.directory / name, "".join(line + "\n" for line in self.lines))
+        self.write({name: "".join(line + "\n" for line in self.lines)})
 
 
 class NullSink:
@@ -151,3 +203,9 @@ class NullSink:
 
     def close(self) -> None:
         pass
+
+
+def _default_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
