@@ -105,6 +105,16 @@ def test_qwen2_5_qkv_bias_implied_by_model_type() -> None:
     assert total(model) == 2 * vocab * h + layers * per_layer + h == 7_615_616_512
 
 
+def test_qwen2_slides_its_window_from_max_window_layers_on() -> None:
+    """With use_sliding_window on, transformers' Qwen2 applies the window to the layers
+    from max_window_layers on; the ones before attend in full."""
+    raw = dict(builtin_presets()["qwen2.5-7b"])
+    raw.update(use_sliding_window=True, sliding_window=4096, max_window_layers=20)
+    model = read_hf_config(raw, origin="qwen2-swa")
+    assert order(model) == ["attn+dense"] * 20 + ["swa+dense"] * 8
+    assert model.kinds[model.layers[-1]].attention.sliding_window == 4096
+
+
 def test_qwen3_qk_norm_and_explicit_head_dim() -> None:
     """Qwen3-32B: head_dim 128 while h/a = 80; per-head q/k RMSNorm (2·d per layer)."""
     h, layers, a, g, d, f, vocab = 5120, 64, 64, 8, 128, 25600, 151936

@@ -400,6 +400,15 @@ def _layer_type(cfg: ConfigView, model_type: str, index: int) -> str:
             pattern = cfg.int("sliding_window_pattern", 6)
             return "full_attention" if (index + 1) % pattern == 0 else "sliding_attention"
         if model_type in ("mistral", "mixtral") or cfg.raw.get("use_sliding_window"):
+            # Qwen2/Qwen3 (transformers): the window applies from layer max_window_layers on.
+            first = cfg.raw.get("max_window_layers")
+            if (
+                cfg.raw.get("use_sliding_window")
+                and isinstance(first, int)
+                and not isinstance(first, bool)
+                and index < first
+            ):
+                return "full_attention"
             return "sliding_attention"
     return "full_attention"
 
