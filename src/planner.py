@@ -27,6 +27,8 @@ from ndplan.core.errors import (
     BaselineError,
     InfeasibleError,
     InvalidInputError,
+    NdplanError,
+    PluginError,
     field_error,
 )
 from ndplan.core.frameworks import FRAMEWORKS
@@ -41,7 +43,16 @@ from ndplan.core.layout import (
 )
 from ndplan.core.model import ModelSpec, MoEFFN
 from ndplan.core.plan import BalanceResult, Baseline, Plan, SearchResult
-from ndplan.core.ports import CostModel, DebugSink, Executor, KnapsackSolver, MemoryModel
+from ndplan.core.ports import (
+    CostModel,
+    DebugSink,
+    Executor,
+    Exported,
+    Exporter,
+    KnapsackSolver,
+    MemoryModel,
+    PerLayerPricer,
+)
 from ndplan.core.pricing import Pricer
 from ndplan.core.recompute import parse_option
 from ndplan.core.search import (
@@ -353,6 +364,31 @@ class Planner:
         summary = result.summary.model_copy(update={"rebalanced": moved})
         return result.model_copy(update={"summary": summary, "plans": tuple(kept)})
 
+    # ------------------------------------------------------------------ configs out
+
+    def export(
+        self, ctx: PricingContext, plan: Plan, fmt: str, options: PricingOptions | None = None
+    ) -> Exported:
+        """``plan`` as the config ``fmt`` writes (``megatron``, ``torchtitan``,
+        ``mindformers``, ``deepspeed``, ``ndplan`` or a plugin's), as ``--export`` renders
+        it: a framework's format takes only plans priced for that framework, a plan that
+        does not fit is refused, and a recompute the format cannot state is written as a
+        stand-in priced in ``ctx`` (the header's ``# predicted:`` line). The text is the
+        caller's to write; ``caveats`` says where the file differs from the plan."""
+        exporter = exporter_for(self.components, fmt, ctx.framework.name, where=fmt)
+        if plan.time is not None and not plan.memory.fits:
+            peak = plan.memory.peak_bytes / GiB
+            raise InfeasibleError(
+                f"{fmt}: the plan does not fit (peak {peak:.2f} GiB on stage "
+                f"{plan.memory.peak_stage}); nothing to export"
+            )
+        return render_export(
+            exporter,
+            plan,
+            ctx,
+            lambda recompute: self.estimate_per_layer(ctx, plan.layout, recompute, options),
+        )
+
     # ------------------------------------------------------------------ search
 
     def search(
@@ -490,6 +526,44 @@ class Planner:
                 }
             )
         return replace(outcome, result=outcome.result.model_copy(update={"baseline": placed}))
+
+
+def exporter_for(components: Components, fmt: str, framework: str, where: str) -> Exporter:
+    """The exporter of ``fmt`` for plans priced for ``framework``: a framework's format
+    writes only that framework's plans, whose options (ZeRO stages, recompute switches,
+    schedules) it is sure to have. ``where`` names the format as the user gave it."""
+    registry = components.exporters
+    if fmt not in registry:
+        known = ", ".join(registry)
+        raise InvalidInputError(f"{where}: unknown format; use one of {known}")
+    exporter = registry.get(fmt)
+    wants = exporter.framework
+    if wants is not None and wants != framework:
+        raise InvalidInputError(
+            f"{where}: the plan is priced for {framework}, whose options {wants} "
+            f"may lack; add --framework {wants} (or --export ndplan)"
+        )
+    return exporter
+
+
+def render_export(
+    exporter: Exporter, plan: Plan, ctx: PricingContext, price: PerLayerPricer
+) -> Exported:
+    """The exporter's config of ``plan``; a third-party exporter's fault is a plugin error
+    naming it (exit 4)."""
+    try:
+        exported = exporter.render(plan, ctx, price=price)
+    except NdplanError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"export format '{exporter.name}' failed: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(exported, Exported):
+        raise PluginError(
+            f"export format '{exporter.name}' returned a {type(exported).__name__}, not Exported"
+        )
+    return exported
 
 
 REBALANCE_CONFLICT = (

@@ -11,11 +11,12 @@ import typer
 
 from ndplan.bootstrap import Components
 from ndplan.core.context import PricingContext
-from ndplan.core.errors import InvalidInputError, NdplanError, PluginError
+from ndplan.core.errors import InvalidInputError
 from ndplan.core.layout import Layout
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, Exporter
-from ndplan.planner import Planner, PricingOptions
+from ndplan.planner import Planner, PricingOptions, render_export
+from ndplan.planner import exporter_for as planner_exporter_for
 
 from .output import check_output_file, note, write_atomic
 
@@ -58,21 +59,8 @@ def check_out(export: str | None, out: Path | None, *, force: bool) -> None:
 
 
 def exporter_for(components: Components, export: str, framework: str) -> Exporter:
-    """The exporter of ``export`` for plans priced for ``framework``: a framework's format
-    writes only that framework's plans, whose options (ZeRO stages, recompute switches,
-    schedules) it is sure to have."""
-    registry = components.exporters
-    if export not in registry:
-        known = ", ".join(registry)
-        raise InvalidInputError(f"--export {export}: unknown format; use one of {known}")
-    exporter = registry.get(export)
-    wants = exporter.framework
-    if wants is not None and wants != framework:
-        raise InvalidInputError(
-            f"--export {export}: the plan is priced for {framework}, whose options {wants} "
-            f"may lack; add --framework {wants} (or --export ndplan)"
-        )
-    return exporter
+    """The exporter of ``--export FORMAT`` for plans priced for ``framework``."""
+    return planner_exporter_for(components, export, framework, where=f"--export {export}")
 
 
 LayoutPricer = Callable[[Layout, Sequence[str]], Plan]
@@ -91,21 +79,8 @@ def layout_pricer(planner: Planner, ctx: PricingContext, options: PricingOptions
 
 
 def render(exporter: Exporter, plan: Plan, ctx: PricingContext, price: LayoutPricer) -> Exported:
-    """The exporter's config of ``plan``; a third-party exporter's fault is a plugin error
-    naming it (exit 4)."""
-    try:
-        exported = exporter.render(plan, ctx, price=lambda options: price(plan.layout, options))
-    except NdplanError:
-        raise
-    except Exception as exc:
-        raise PluginError(
-            f"export format '{exporter.name}' failed: {type(exc).__name__}: {exc}"
-        ) from None
-    if not isinstance(exported, Exported):
-        raise PluginError(
-            f"export format '{exporter.name}' returned a {type(exported).__name__}, not Exported"
-        )
-    return exported
+    """The exporter's config of ``plan``, its stand-ins priced with ``price``."""
+    return render_export(exporter, plan, ctx, lambda options: price(plan.layout, options))
 
 
 def write_export(

@@ -152,3 +152,29 @@ def test_planner_layout_fills_in_the_degrees_as_estimate_does(planner) -> None:
         planner.layout(ctx, tp=3)
     with pytest.raises(InvalidInputError, match=r"^layout: tp: Input should be greater"):
         planner.layout(ctx, tp=-1, dp=1)
+
+
+def test_planner_export_writes_what_export_writes_and_refuses_what_it_refuses(
+    planner, tmp_path
+) -> None:
+    from ndplan.cli.app import run
+    from ndplan.core.errors import InfeasibleError
+
+    ctx = context(planner)  # llama-3-8b, 64 × H100, GBS 512, seq 8192
+    plan = planner.estimate(ctx, planner.layout(ctx, tp=2, pp=2, recompute="auto"))
+    made = planner.export(ctx, plan, "megatron")
+    out = tmp_path / "plan.sh"
+    argv = ["estimate", "-m", "llama-3-8b", "-d", "h100", "-n", "64", "--gbs", "512",
+            "-s", "8192", "--tp", "2", "--pp", "2", "--recompute", "auto",
+            "--export", "megatron", "--out", str(out)]  # fmt: skip
+    assert run(argv) == 0
+    assert made.text == out.read_text()
+    with pytest.raises(InvalidInputError, match=r"^torchtitan: the plan is priced for megatron"):
+        planner.export(ctx, plan, "torchtitan")
+    with pytest.raises(InvalidInputError, match=r"^yaml: unknown format"):
+        planner.export(ctx, plan, "yaml")
+    tight = context(planner, PricingOptions(max_mem_gib=20))
+    big = planner.estimate(tight, planner.layout(tight, tp=1))
+    assert not big.memory.fits
+    with pytest.raises(InfeasibleError, match=r"^megatron: the plan does not fit"):
+        planner.export(tight, big, "megatron")
