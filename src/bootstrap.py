@@ -14,7 +14,7 @@ from typing import Any
 from ndplan.core.cluster import DeviceSpec
 from ndplan.core.errors import InvalidInputError, NdplanError, PluginError
 from ndplan.core.ports import Exporter, ModelReader, missing_members
-from ndplan.plugins.manager import PluginInfo, make_plugin_manager, plugin_modules_from_env
+from ndplan.plugins.manager import PluginInfo, diagnose, load_plugins, plugin_modules_from_env
 from ndplan.plugins.registry import Registry, RuleList
 
 
@@ -73,6 +73,10 @@ REGISTRIES = {
     "exporters": ("export format", "ndplan_register_exporters", _port(Exporter)),
 }
 
+KEYS = {"devices": "id"}
+"""attribute → the attribute of a value its name must equal: ``ndplan devices`` lists a
+device by its ``id``, so a device registered under another name could not be found."""
+
 
 @dataclass
 class Components:
@@ -108,7 +112,7 @@ def _call(pm, hook_name: str, registry) -> None:
             raise
         except Exception as exc:
             raise PluginError(
-                f"plugin '{impl.plugin_name}' failed in {hook_name}: {type(exc).__name__}: {exc}"
+                f"plugin '{impl.plugin_name}' failed in {hook_name}: {_exception_text(exc)}"
             ) from None
 
 
@@ -122,14 +126,19 @@ def bootstrap(
 ) -> Components:
     """Load plugins and assemble every registry."""
     modules = tuple(dict.fromkeys((*plugin_modules_from_env(), *plugins)))
-    pm, infos = make_plugin_manager(
+    loaded = load_plugins(
         modules=modules, disabled=disabled, entry_points=entry_points, extra=extra
     )
-    regs = {attr: Registry(kind, check) for attr, (kind, _, check) in REGISTRIES.items()}
+    pm, infos = loaded.pm, loaded.infos
+    regs = {
+        attr: Registry(kind, check, key=KEYS.get(attr))
+        for attr, (kind, _, check) in REGISTRIES.items()
+    }
     for attr, (_, hook_name, _) in REGISTRIES.items():
         _call(pm, hook_name, regs[attr])
     rules = RuleList()
     _call(pm, "ndplan_register_refusal_rules", rules)
+    _check_replacements(regs.values(), loaded.disabled)
     files = tuple(str(p) for p in device_files)
     if files:
         from ndplan.adapters.devices.catalog import load_device_file
@@ -157,6 +166,25 @@ def bootstrap(
     )
 
 
+def _check_replacements(registries: Iterable[Registry], disabled: tuple[str, ...]) -> None:
+    """A ``replace=True`` that replaced nothing, judged once every plugin registered: a
+    plugin error (a typo leaves the entry it meant to replace running). With a plugin
+    disabled it may be that plugin's entry it replaces, so then only a warning."""
+    for registry in registries:
+        for entry in registry.unreplaced():
+            if not disabled:
+                raise PluginError(registry.unreplaced_text(entry))
+            diagnose(f"warning: {registry.unreplaced_text(entry, disabled)}", warning=True)
+
+
+def _exception_text(exc: BaseException) -> str:
+    """``Type: message`` on one line (``faults.exception_text``), imported only once
+    something failed: the faults module pulls in the pricing code."""
+    from ndplan.adapters.executors.faults import exception_text
+
+    return exception_text(exc)
+
+
 def create(registry: Registry, name: str, port: type, *args: object) -> Any:
     """Make the component ``name`` with its registered factory: a factory that raises, or
     makes something without the port's members, is a plugin error naming the plugin."""
@@ -169,7 +197,7 @@ def create(registry: Registry, name: str, port: type, *args: object) -> Any:
     except Exception as exc:
         raise PluginError(
             f"{registry.kind} '{name}' (from '{plugin}') could not be created: "
-            f"{type(exc).__name__}: {exc}"
+            f"{_exception_text(exc)}"
         ) from None
     missing = missing_members(made, port)
     if missing:

@@ -34,10 +34,17 @@ class Registry(Generic[T]):
     A name is registered once; a second registration is refused with a message
     naming both plugins, unless one of them passed ``replace=True`` — then the
     replacing one wins whatever the order the hooks ran in, and the listing shows
-    whom it replaced.
+    whom it replaced. A ``replace=True`` that met no other registration of its name is
+    left to :meth:`unreplaced`, asked once every plugin has registered.
     """
 
-    def __init__(self, kind: str, check: Callable[[object], str | None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        check: Callable[[object], str | None] | None = None,
+        *,
+        key: str | None = None,
+    ) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
         self._aliases: dict[str, str] = {}
@@ -45,6 +52,9 @@ class Registry(Generic[T]):
         self._check = check
         """What is wrong with a value of this registry's kind, or None: a wrong value
         is refused where it is registered, naming the plugin, not where it is first used."""
+        self._key = key
+        """The attribute a value must be registered under (a device's ``id``): the listing
+        shows the value's own name, so any other key would list a name nothing finds."""
 
     def add(
         self, name: str, value: T, *, replace: bool = False, aliases: tuple[str, ...] = ()
@@ -53,6 +63,14 @@ class Registry(Generic[T]):
         problem = self._check(value) if self._check is not None else None
         if problem is not None:
             raise PluginError(f"{self.kind} '{name}' from '{plugin}' {problem}")
+        if self._key is not None:
+            own = getattr(value, self._key, name)
+            if own != name:
+                raise PluginError(
+                    f"{self.kind} '{name}' from '{plugin}' has {self._key} '{own}', so it would be "
+                    f"listed as '{own}' but found only as '{name}'; register it as its "
+                    f"{self._key}: registry.add(spec.{self._key}, spec)"
+                )
         old = self._entries.get(name)
         if old is not None:
             if old.replace and not replace:
@@ -92,6 +110,24 @@ class Registry(Generic[T]):
                         f"'{name}' ('{plugin}'); drop it from '{fix}'"
                     )
             self._aliases.setdefault(key, name)
+
+    def unreplaced(self) -> list[Entry[T]]:
+        """Entries registered with ``replace=True`` that replaced nothing. Judged only
+        once every plugin has registered (a third party's hooks run before the
+        built-in's): then a name no other plugin registers is a typo (``h100-sxn``),
+        and the entry it meant to replace silently keeps running."""
+        return [e for e in self.entries() if e.replace and e.replaced is None]
+
+    def unreplaced_text(self, entry: Entry[T], disabled: tuple[str, ...] = ()) -> str:
+        """One line: which plugin replaced a name nobody registers, and the two fixes."""
+        others = [n for n in self._entries if n != entry.name]
+        unless = f" (unless disabled {', '.join(disabled)} does)" if disabled else ""
+        hint = did_you_mean(entry.name, others).removeprefix("; ")
+        return (
+            f"{self.kind} '{entry.name}' from '{entry.plugin}' is registered with replace=True, "
+            f"but no other plugin registers '{entry.name}'{unless}: fix the name to replace "
+            f"one{f' ({hint})' if hint else ''}, or drop replace=True to add it as a new one"
+        )
 
     def resolve(self, name: str) -> str:
         """The registered name for ``name`` or one of its aliases."""

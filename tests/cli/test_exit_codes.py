@@ -449,3 +449,79 @@ def test_a_stdout_that_cannot_be_written_is_one_line_not_an_internal_error(
     once = capsys.readouterr().out
     assert run(argv) == 0
     assert capsys.readouterr().out == once and once
+
+
+# --------------------------------------------------------------- plugin faults found late
+
+
+_LATE_FAULTS = {
+    "replaces-a-typo": (
+        "from ndplan.core.performance import NdplanCostModel\n"
+        "@hookimpl\n"
+        "def ndplan_register_cost_models(registry):\n"
+        "    registry.add('ndplan-typo', NdplanCostModel, replace=True)\n",
+        ["devices"],
+        "cost model 'ndplan-typo' from '{m}' is registered with replace=True, but no other "
+        "plugin registers 'ndplan-typo': fix the name to replace one (did you mean ndplan?), "
+        "or drop replace=True to add it as a new one",
+    ),
+    "device-under-another-key": (
+        "from ndplan.core.cluster import DeviceSpec\n"
+        "@hookimpl\n"
+        "def ndplan_register_devices(registry):\n"
+        "    spec = DeviceSpec(id='x6000', memory_gib=80, peak_tflops={'bf16': 800},\n"
+        "        hbm_bandwidth_gb_per_s=3000, scale_up={'bandwidth_gb_per_s': 450},\n"
+        "        scale_out={'bandwidth_gb_per_s': 50}, host_link={'bandwidth_gb_per_s': 64})\n"
+        "    registry.add('x6000-renamed', spec)\n",
+        ["devices"],
+        "device 'x6000-renamed' from '{m}' has id 'x6000', so it would be listed as 'x6000' "
+        "but found only as 'x6000-renamed'; register it as its id: registry.add(spec.id, spec)",
+    ),
+    "factory-raising-lines": (
+        "def factory(calibration):\n"
+        "    raise RuntimeError('licence server unreachable\\n  host: lic.example\\n')\n"
+        "@hookimpl\n"
+        "def ndplan_register_cost_models(registry):\n"
+        "    registry.add('ndplan', factory, replace=True)\n",
+        ["estimate", "-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "2048"],
+        "cost model 'ndplan' (from '{m}') could not be created: "
+        "RuntimeError: licence server unreachable; host: lic.example",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(_LATE_FAULTS))
+def test_a_plugin_fault_is_one_line_naming_the_plugin_and_the_fix(
+    fault: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    body, argv, expected = _LATE_FAULTS[fault]
+    module = f"late_fault_{fault.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text("from ndplan.plugins.hookspecs import hookimpl\n" + body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module, raising=False)
+
+    code = run(["-p", module, *argv])
+
+    err = capsys.readouterr().err
+    err = "\n".join(ln for ln in err.splitlines() if not ln.startswith("assumed:"))
+    assert code == ExitCode.PLUGIN_ERROR == 4
+    assert one_error_line(err) == "ndplan: error: " + expected.format(m=module)
+
+
+def test_an_unknown_disabled_plugin_is_one_warning_line_that_qq_drops(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", "nosuch")
+
+    assert run(["plugins", "--json"]) == ExitCode.OK
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(
+        "warning: NDPLAN_DISABLE_PLUGINS names 'nosuch', which is no loaded or installed "
+        "plugin; plugins: ndplan.builtin"
+    )
+
+    assert run(["-qq", "plugins", "--json"]) == ExitCode.OK
+    assert capsys.readouterr().err == ""

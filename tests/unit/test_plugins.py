@@ -605,3 +605,187 @@ def test_a_built_in_sink_aborted_keeps_nothing(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(CsvSink.files)
     closed.abort()
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------- audit: replace, keys, disable
+
+
+class ReplacesATypo:
+    """Means to replace the built-in 'h100-sxm' but misspells it."""
+
+    @hookimpl
+    def ndplan_register_devices(self, registry):
+        registry.add("h100-sxn", device("h100-sxn", memory_gib=70.0), replace=True)
+
+
+def test_a_replacement_of_a_name_nobody_registers_is_a_plugin_error() -> None:
+    # The third party's hook runs before the built-in's: judged once all registered.
+    with pytest.raises(PluginError) as err:
+        bootstrap(extra=[ReplacesATypo()], entry_points=False)
+    assert str(err.value) == (
+        "device 'h100-sxn' from 'ReplacesATypo' is registered with replace=True, but no other "
+        "plugin registers 'h100-sxn': fix the name to replace one (did you mean h100-sxm, "
+        "h100-pcie, h100-96gb?), or drop replace=True to add it as a new one"
+    )
+
+
+def test_a_replacement_of_nothing_is_a_warning_when_a_plugin_is_disabled(
+    installed: list[FakeEntryPoint],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The disabled plugin may be the one that registers the name: not an error then."""
+    installed.append(FakeEntryPoint("labdevices", "ndplan_lab", _device_module("l", "h100-sxn")))
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", "labdevices")
+
+    comps = bootstrap(extra=[ReplacesATypo()])
+
+    assert comps.devices.entry("h100-sxn").plugin == "ReplacesATypo"
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: device 'h100-sxn' from 'ReplacesATypo' is registered with")
+    assert "(unless disabled labdevices does)" in line
+
+
+@pytest.mark.parametrize("replacer_first", [True, False])
+def test_a_plugin_may_replace_a_name_another_third_party_registers(
+    installed: list[FakeEntryPoint], replacer_first: bool
+) -> None:
+    replacer = types.ModuleType("ndplan_replacer")
+
+    @hookimpl
+    def ndplan_register_devices(registry):
+        registry.add("lab-x", device("lab-x", memory_gib=70.0), replace=True)
+
+    replacer.ndplan_register_devices = ndplan_register_devices  # type: ignore[attr-defined]
+    names = ("a", "b") if replacer_first else ("b", "a")  # entry points load in name order
+    installed.append(FakeEntryPoint(names[0], "ndplan_replacer", replacer))
+    installed.append(FakeEntryPoint(names[1], "ndplan_lab", _device_module("lab", "lab-x")))
+
+    entry = bootstrap().devices.entry("lab-x")
+
+    assert (entry.plugin, entry.replaced, entry.value.memory_gib) == (names[0], names[1], 70.0)
+
+
+def test_a_device_registered_under_a_name_other_than_its_id_is_refused() -> None:
+    class Renamed:
+        @hookimpl
+        def ndplan_register_devices(self, registry):
+            registry.add("x6000-renamed", device("x6000"))
+
+    with pytest.raises(PluginError) as err:
+        bootstrap(extra=[Renamed()], entry_points=False)
+    assert str(err.value) == (
+        "device 'x6000-renamed' from 'Renamed' has id 'x6000', so it would be listed as "
+        "'x6000' but found only as 'x6000-renamed'; register it as its id: "
+        "registry.add(spec.id, spec)"
+    )
+
+
+def test_a_disabled_name_that_is_no_plugin_is_a_warning(
+    installed: list[FakeEntryPoint],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    installed.append(FakeEntryPoint("x1000", "ndplan_x1000", _device_module("x", "x1000")))
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", "nosuch,x100")
+
+    comps = bootstrap(extra=[FakeAccelPlugin()])
+
+    assert "x1000" in comps.devices and "fake-accel" in comps.devices  # nothing disabled
+    plugins = f"plugins: FakeAccelPlugin, {BUILTIN_NAME}, x1000 (module ndplan_x1000)"  # sorted
+    assert capsys.readouterr().err.splitlines() == [
+        f"warning: NDPLAN_DISABLE_PLUGINS names 'nosuch', which is no loaded or installed "
+        f"plugin; {plugins}",
+        f"warning: NDPLAN_DISABLE_PLUGINS names 'x100', which is no loaded or installed "
+        f"plugin (did you mean x1000, ndplan_x1000?); {plugins}",
+    ]
+
+
+def test_a_disabled_name_that_matches_says_nothing(
+    installed: list[FakeEntryPoint],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    installed.append(FakeEntryPoint("x1000", "ndplan_x1000", _device_module("x", "x1000")))
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", f"x1000,FakeAccelPlugin,{BUILTIN_NAME}")
+    # An installed entry point matches even when entry points are not loaded.
+    bootstrap(extra=[FakeAccelPlugin()], entry_points=False)
+    bootstrap(extra=[FakeAccelPlugin()])
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value", ["ndplan_x1000", "ndplan_x1000:plugin"])
+def test_an_entry_point_is_disabled_by_its_module_name(
+    installed: list[FakeEntryPoint], monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """docs/hooks.md: the entry-point name, the module name, or ndplan.builtin."""
+    ep = FakeEntryPoint("x1000", value, _device_module("ndplan_x1000", "x1000"))
+    installed.append(ep)
+    monkeypatch.setenv("NDPLAN_DISABLE_PLUGINS", "ndplan_x1000")
+
+    comps = bootstrap()
+
+    assert ep.loads == []
+    assert [p.name for p in comps.plugins] == [BUILTIN_NAME]
+    assert "x1000" not in comps.devices
+
+
+@pytest.mark.parametrize("how", ["-p", "NDPLAN_PLUGINS"])
+def test_a_module_also_installed_as_an_entry_point_loads_once_with_a_note(
+    installed: list[FakeEntryPoint],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    how: str,
+) -> None:
+    module = _device_module("ndplan_x1000", "x1000")
+    monkeypatch.setitem(sys.modules, "ndplan_x1000", module)
+    installed.append(FakeEntryPoint("x1000", "ndplan_x1000", module))
+    if how == "-p":
+        comps = bootstrap(plugins=["ndplan_x1000"])
+    else:
+        monkeypatch.setenv("NDPLAN_PLUGINS", "ndplan_x1000")
+        comps = bootstrap()
+
+    assert [p.name for p in comps.plugins] == [BUILTIN_NAME, "x1000"]
+    assert comps.devices.entry("x1000").plugin == "x1000"
+    assert capsys.readouterr().err.splitlines() == [
+        "note: plugin module 'ndplan_x1000' is already loaded as entry point 'x1000'; "
+        "loading it once (drop it from -p or NDPLAN_PLUGINS)"
+    ]
+
+
+def test_one_object_under_two_plugin_names_is_one_line() -> None:
+    class Twice:
+        @hookimpl
+        def ndplan_register_devices(self, registry):
+            pass
+
+    plugin = Twice()
+    plugin.__name__ = "other"  # type: ignore[attr-defined]
+    with pytest.raises(PluginError) as err:
+        bootstrap(extra=[plugin, plugin], entry_points=False)
+    assert str(err.value) == (
+        "plugin 'other' (in-process) could not register: a plugin named 'other' (in-process) "
+        "is already loaded; load one of them"
+    )
+
+
+def test_a_factory_raising_lines_is_one_line_naming_the_plugin() -> None:
+    from ndplan.bootstrap import create
+    from ndplan.core.ports import CostModel
+
+    class Licensed:
+        @hookimpl
+        def ndplan_register_cost_models(self, registry):
+            def factory(calibration):
+                raise RuntimeError("licence server unreachable\n  host: lic.example\n")
+
+            registry.add("licensed", factory)
+
+    comps = bootstrap(extra=[Licensed()], entry_points=False)
+    with pytest.raises(PluginError) as err:
+        create(comps.cost_models, "licensed", CostModel, None)
+    assert str(err.value) == (
+        "cost model 'licensed' (from 'Licensed') could not be created: "
+        "RuntimeError: licence server unreachable; host: lic.example"
+    )

@@ -187,3 +187,65 @@ def test_one_plugins_entries_may_share_an_alias() -> None:
     reg.add("a100-80gb", "a", aliases=("a100",))
     reg.add("a100-40gb", "b", aliases=("a100",))
     assert reg.resolve("A100") == "a100-80gb"
+
+
+# --------------------------------------------------------------- audit: replace and keys
+
+
+@pytest.mark.parametrize("replacement_first", [True, False])
+def test_a_replacement_is_pending_until_the_name_it_replaces_is_registered(
+    replacement_first: bool,
+) -> None:
+    """Built-in hooks run last: a replacement only 'replaced nothing' once all registered."""
+    reg: Registry[str] = Registry("device")
+    calls = [("acme", "h100-sxm", True), ("ndplan.builtin", "h100-sxm", False)]
+    if not replacement_first:
+        calls.reverse()
+    for plugin, name, replace in calls:
+        _add(reg, plugin, name, plugin, replace=replace)
+    assert reg.unreplaced() == []
+    assert reg.entry("h100-sxm").replaced == "ndplan.builtin"
+
+
+def test_a_replacement_of_a_name_nobody_registers_is_reported_with_close_names() -> None:
+    reg: Registry[str] = Registry("device")
+    _add(reg, "acme", "h100-sxn", "acme", replace=True)  # the typo ran first ...
+    _add(reg, "ndplan.builtin", "h100-sxm", "builtin")  # ... and the built-in stays
+
+    (entry,) = reg.unreplaced()
+    assert entry.name == "h100-sxn"
+    assert reg.unreplaced_text(entry) == (
+        "device 'h100-sxn' from 'acme' is registered with replace=True, but no other plugin "
+        "registers 'h100-sxn': fix the name to replace one (did you mean h100-sxm?), or drop "
+        "replace=True to add it as a new one"
+    )
+    assert "(unless disabled labdevices does)" in reg.unreplaced_text(entry, ("labdevices",))
+
+
+def test_a_third_party_may_replace_another_third_partys_name() -> None:
+    for order in itertools.permutations([("a_devices", False), ("b_devices", True)]):
+        reg: Registry[str] = Registry("device")
+        for plugin, replace in order:
+            _add(reg, plugin, "lab-x", plugin, replace=replace)
+        assert reg.get("lab-x") == "b_devices"
+        assert reg.unreplaced() == []
+
+
+class _Spec:
+    def __init__(self, id: str) -> None:
+        self.id = id
+
+
+def test_a_keyed_registry_refuses_a_name_other_than_the_values_own() -> None:
+    """`ndplan devices` lists a device by its id: under another key `-d <id>` finds nothing."""
+    reg: Registry[_Spec] = Registry("device", key="id")
+    with pytest.raises(PluginError) as err:
+        _add(reg, "acme", "x6000-renamed", _Spec("x6000"))
+    assert str(err.value) == (
+        "device 'x6000-renamed' from 'acme' has id 'x6000', so it would be listed as 'x6000' "
+        "but found only as 'x6000-renamed'; register it as its id: registry.add(spec.id, spec)"
+    )
+    assert "x6000-renamed" not in reg
+
+    _add(reg, "acme", "x6000", _Spec("x6000"))
+    assert reg.get("X6000").id == "x6000"
