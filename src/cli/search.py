@@ -20,6 +20,7 @@ from ndplan.adapters.executors.faults import exception_text
 from ndplan.adapters.readers.deepspeed_config import deepspeed_refusal, is_deepspeed
 from ndplan.adapters.readers.launch import LaunchLayout, Problem
 from ndplan.adapters.readers.megatron_args import (
+    KNOWN,
     arguments_from_mapping,
     looks_like_megatron_args,
     megatron_layout,
@@ -1105,6 +1106,13 @@ def baseline_values(
         if field == "num_microbatches":
             microbatches = value
             continue
+        if field not in BASELINE_KEYS and isinstance(value, dict):
+            inner = ", ".join(f"{key}.{k}" for k in list(value)[:2]) or key
+            raise InvalidInputError(
+                f"{where}: {key}: a nested section, not a degree (got {inner}, …); ndplan reads "
+                "nested Megatron-Bridge and NeMo YAML by model.tensor_model_parallel_size and "
+                "the like, else give --baseline tp=…,pp=… or a flat Megatron args file"
+            )
         if field not in BASELINE_KEYS:
             raise InvalidInputError(
                 f"{where}: unknown degree '{key}'{did_you_mean(str(key), BASELINE_KEYS)} "
@@ -1189,8 +1197,9 @@ def launch_layout(
     suffix: str, text: str, parsed: Any, where: str, ctx: PricingContext
 ) -> LaunchLayout | None:
     """The layout a framework's launch config states — a torchtitan TOML, a MindFormers
-    YAML, Megatron-LM arguments (a JSON/YAML of its args or a script of ``--flags``,
-    ``text``; ``parsed`` is the file's TOML or YAML, None for a script) — with a note on
+    YAML, Megatron-LM arguments (a JSON/YAML of its args, flat or nested as Megatron-Bridge
+    and NeMo 1.0 write them, or a script of ``--flags``, ``text``; ``parsed`` is the file's
+    TOML or YAML, None for a script) — with a note on
     what the ranking cannot reproduce; None for ndplan's own files. A DeepSpeed JSON,
     which states no TP or PP, is one line naming what it states."""
     problem = Problem(
@@ -1210,7 +1219,10 @@ def launch_layout(
     elif parsed is not None and not (suffix in YAML_SUFFIXES and isinstance(parsed, dict)):
         return None  # ndplan's own degrees, or not a mapping at all
     elif looks_like_megatron_args(text):
-        words = arguments_from_mapping(parsed) if parsed is not None else tokens_of(text, where)
+        if parsed is not None:
+            words = arguments_from_mapping(nested_megatron_args(parsed, where) or parsed)
+        else:
+            words = tokens_of(text, where)
         found = parse_arguments(words, where)
         if not found:
             return None
@@ -1220,6 +1232,60 @@ def launch_layout(
     for line in read.notes:
         note(f"note: {line}")
     return read
+
+
+NESTED_SECTIONS = ("model", "train", "optimizer", "ddp", "dist")
+"""The sections of a Megatron-Bridge ConfigContainer YAML (NeMo 1.0 keeps all under
+``model``) that hold Megatron's arguments by their argparse names."""
+NEMO_NAMES = {
+    "encoder_seq_length": "seq_length",
+    "activations_checkpoint_granularity": "recompute_granularity",
+    "activations_checkpoint_method": "recompute_method",
+    "activations_checkpoint_num_layers": "recompute_num_layers",
+}
+"""NeMo 1.0's names for Megatron's arguments."""
+
+
+def nested_megatron_args(data: Any, where: str) -> dict[str, Any] | None:
+    """A Megatron-Bridge or NeMo 1.0 YAML (``model.tensor_model_parallel_size``,
+    ``train.global_batch_size``, …) as the flat arguments the Megatron reader takes; None
+    when ``data`` has no ``model`` section. A layout value two sections state differently
+    is refused: which one the job runs is not ours to guess."""
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        return None
+    flat: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    reads = {flag[2:].replace("-", "_") for flag in KNOWN}
+
+    def put(key: str, value: Any, path: str) -> None:
+        key = NEMO_NAMES.get(key, key)
+        prior = flat.get(key)
+        if value is None or value is False or (value is True and prior is not True):
+            # A switch set anywhere is set: a dumped config carries every section's fields,
+            # the default (false, null) in the sections that do not own it.
+            if value is True or key not in flat:
+                flat[key], origin[key] = value, path
+            return
+        if key in reads and prior not in (None, False, value):
+            raise InvalidInputError(
+                f"{where}: {path}: {value!r} differs from {origin[key]} {prior!r}; make them agree"
+            )
+        flat[key], origin[key] = value, path
+
+    for section in NESTED_SECTIONS:
+        part = data.get(section)
+        for key, value in part.items() if isinstance(part, dict) else ():
+            if not isinstance(value, dict):
+                put(str(key), value, f"{section}.{key}")
+    dataset = data.get("dataset")
+    if isinstance(dataset, dict) and "sequence_length" in dataset:  # Megatron-Bridge
+        put("seq_length", dataset["sequence_length"], "dataset.sequence_length")
+    optim = data["model"].get("optim")
+    if isinstance(optim, dict) and str(optim.get("name", "")).startswith(
+        ("distributed_fused_adam", "mcore_distributed_optim")
+    ):  # NeMo 1.0 names its distributed optimizer
+        put("use_distributed_optimizer", True, "model.optim.name")
+    return flat
 
 
 def other_problem(inputs: dict[str, Any], where: str, ctx: PricingContext) -> bool:

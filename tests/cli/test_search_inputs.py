@@ -776,3 +776,107 @@ def test_a_torchtitan_baseline_without_a_global_batch_is_checked_against_the_dev
     code, out, err = invoke(capsys, "search", *argv, "--gbs", "64", "--json")
     assert code == 0, err
     assert json.loads(out)["baseline"]["plan"]["layout"]["tp"] == 8
+
+
+BRIDGE = """\
+model:
+  _target_: megatron.bridge.models.llama.Llama3ModelProvider8B
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 2
+  virtual_pipeline_model_parallel_size: 2
+  sequence_parallel: true
+  num_layers: 32
+  seq_length: 2048
+train:
+  global_batch_size: 16
+  micro_batch_size: 1
+optimizer:
+  use_distributed_optimizer: true
+ddp:
+  use_distributed_optimizer: false
+dataset:
+  sequence_length: 2048
+"""
+NEMO = """\
+name: megatron_gpt
+trainer:
+  devices: 8
+model:
+  micro_batch_size: 2
+  global_batch_size: 16
+  tensor_model_parallel_size: 4
+  pipeline_model_parallel_size: 1
+  virtual_pipeline_model_parallel_size: null
+  encoder_seq_length: 2048
+  activations_checkpoint_granularity: full
+  optim:
+    name: distributed_fused_adam
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "layout"),
+    [
+        (BRIDGE, {"tp": 2, "pp": 2, "vpp": 2, "mbs": 1, "sp": True, "zero": 1}),
+        (NEMO, {"tp": 4, "pp": 1, "mbs": 2, "zero": 1, "recompute": "full"}),
+    ],
+)
+def test_a_nested_megatron_bridge_or_nemo_yaml_baseline_is_read(
+    capsys, tmp_path: Path, text: str, layout: dict
+) -> None:
+    """Megatron-Bridge's ConfigContainer YAML and NeMo 1.0's keep Megatron's arguments
+    under model: / train: (NeMo by some names of its own); read flat, as the args file. A
+    dump carries each section's every field, so a switch set in one is set (the
+    distributed optimizer in optimizer:, left at false in ddp:)."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    code, out, err = invoke(capsys, "search", *SMALL, "-t", "1", "--json", "--baseline", str(path))
+    assert code == 0, err
+    placed = json.loads(out)["baseline"]["plan"]["layout"]
+    assert {key: placed[key] for key in layout} == layout
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            "trainer:\n  devices: 8\nmodel:\n  hidden_size: 4096\n",
+            "trainer: a nested section, not a degree (got trainer.devices, …); ndplan reads "
+            "nested Megatron-Bridge and NeMo YAML by model.tensor_model_parallel_size and the "
+            "like, else give --baseline tp=…,pp=… or a flat Megatron args file",
+        ),
+        (
+            BRIDGE.replace("  sequence_length: 2048", "  sequence_length: 4096"),
+            "dataset.sequence_length: 4096 differs from model.seq_length 2048; make them agree",
+        ),
+    ],
+)
+def test_a_nested_yaml_baseline_ndplan_cannot_read_is_one_line(
+    capsys, tmp_path: Path, text: str, says: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(text, encoding="utf-8")
+    code, out, err = invoke(capsys, "search", *SMALL, "-t", "1", "--baseline", str(path))
+    assert code == 3 and out == ""
+    assert says in error_line(err)
+
+
+def test_a_torchtitan_baseline_runs_the_stages_its_layers_per_stage_make(
+    capsys, tmp_path: Path
+) -> None:
+    """pipeline_parallel_layers_per_stage sets torchtitan's stages per rank: the layout it
+    runs is placed, not one the search chooses."""
+    toml = tmp_path / "llama3_8b.toml"
+    toml.write_text(
+        "[parallelism]\npipeline_parallel_degree = 2\ntensor_parallel_degree = 2\n"
+        'pipeline_parallel_schedule = "Interleaved1F1B"\npipeline_parallel_layers_per_stage = 8\n'
+        "pipeline_parallel_first_stage_less_layers = 0\n"
+        "pipeline_parallel_last_stage_less_layers = 0\n",
+        encoding="utf-8",
+    )
+    argv = (*SMALL, "-t", "1", "--framework", "torchtitan", "--baseline", str(toml))
+    code, out, err = invoke(capsys, "search", *argv, "--json")
+    assert code == 0, err
+    placed = json.loads(out)["baseline"]["plan"]["layout"]
+    assert (placed["pp"], placed["vpp"], placed["mbs"]) == (2, 2, 1)
+    assert "the search chooses VPP" not in err

@@ -340,3 +340,64 @@ def test_a_deepspeed_config_is_refused_naming_what_it_states(change: dict, state
 def test_bad_deepspeed_values_are_one_line(change: dict, message: str) -> None:
     with pytest.raises(InvalidInputError, match=message):
         deepspeed_refusal(DEEPSPEED | change, "ds.json", PROBLEM)
+
+
+EIGHTY = Problem(num_layers=80, is_moe=False, global_batch=64, seq_length=8192)
+PIPELINE = '[parallelism]\npipeline_parallel_degree = 4\npipeline_parallel_schedule = "{}"\n'
+
+
+@pytest.mark.parametrize(
+    ("schedule", "extra", "vpp", "split"),
+    [
+        # No weight for the embedding and output: 80 layers make 16 stages of 5, 4 a rank.
+        ("Interleaved1F1B", "pipeline_parallel_layers_per_stage = 5\n"
+         "pipeline_parallel_first_stage_less_layers = 0\n"
+         "pipeline_parallel_last_stage_less_layers = 0\n", 4, (5,) * 16),
+        # torchtitan's default weight of 1 each: ceil(82 / 11) = 8 stages, the end ones short.
+        ("Interleaved1F1B", "pipeline_parallel_layers_per_stage = 11\n", 2,
+         (10, 11, 10, 10, 10, 10, 10, 9)),
+        ("1F1B", "pipeline_parallel_layers_per_stage = 21\n", 1, (20, 21, 20, 19)),
+        # Stated neither way, torchtitan builds two stages a rank for a multi-stage schedule.
+        ("Interleaved1F1B", "", 2, None),
+        ("1F1B", "", 1, None),
+        # Releases before module lists: a stage begins at each split point.
+        ("1F1B", 'pipeline_parallel_split_points = ["layers.15", "layers.40", "layers.60"]\n',
+         1, (15, 25, 20, 20)),
+    ],
+)  # fmt: skip
+def test_torchtitan_stages_per_rank_are_the_ones_it_builds(
+    schedule: str, extra: str, vpp: int, split: tuple[int, ...] | None
+) -> None:
+    """torchtitan's pipeline_llm: ceil((layers + first + last stage weights) / layers per
+    stage) stages, generate_llm_fqn_per_model_part's split; placed, not left to the search."""
+    read = titan(PIPELINE.format(schedule) + extra, EIGHTY)
+    assert read.degrees["vpp"] == vpp and read.split == split
+    assert read.notes == []
+    # An unstated micro-batch is torchtitan's default of 1, as an unstated degree is.
+    assert read.degrees["mbs"] == 1
+
+
+@pytest.mark.parametrize(
+    ("schedule", "extra", "message"),
+    [
+        ("Interleaved1F1B", "pipeline_parallel_layers_per_stage = 5\n",
+         "f.toml: parallelism.pipeline_parallel_layers_per_stage: torchtitan refuses the stages "
+         "it makes, not a multiple of pp 4 (got 5: ceil((80 layers + 1 + 1 for the embedding "
+         "and output) / 5) = 17 stages); use a value it runs, e.g. 3"),
+        ("Interleaved1F1B", "pipeline_parallel_layers_per_stage = 21\n",
+         "1 per rank where Interleaved1F1B runs 2 or more (got 21: ceil((80 layers + 1 + 1 "
+         "for the embedding and output) / 21) = 4 stages); use a value it runs, e.g. 11"),
+        ("1F1B", "pipeline_parallel_layers_per_stage = 11\n",
+         "2 per rank where 1F1B runs 1 (got 11"),
+        ("1F1B", 'pipeline_parallel_split_points = ["layers.40"]\n',
+         "parallelism.pipeline_parallel_split_points: they make 2 stages, which 1F1B cannot run "
+         "over pp 4 (got ['layers.40'])"),
+        ("1F1B", "pipeline_parallel_microbatch_size = 3\n[training]\nlocal_batch_size = 8\n",
+         "training.local_batch_size 8 is not a multiple of "
+         "parallelism.pipeline_parallel_microbatch_size 3, which torchtitan refuses"),
+    ],
+)  # fmt: skip
+def test_torchtitan_stages_it_refuses_are_one_line(schedule: str, extra: str, message: str) -> None:
+    with pytest.raises(InvalidInputError) as caught:
+        titan(PIPELINE.format(schedule) + extra, EIGHTY)
+    assert message in str(caught.value) and "\n" not in str(caught.value)

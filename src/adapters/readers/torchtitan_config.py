@@ -1,15 +1,17 @@
 """The layout a torchtitan job config (TOML) runs, as ``search --baseline FILE`` takes it.
 
 A degree the file does not state is torchtitan's default (1; the FSDP degree ``-1``
-takes the devices the other degrees leave). The micro-batch size and the activation
-checkpointing are the search's to choose when the file leaves them out. A key torchtitan
-does not have is refused: torchtitan refuses it too, and read past it would leave the
-setting it misspells at its default.
+takes the devices the other degrees leave), and so are, with a pipeline, the micro-batch
+(1) and the stages per rank (those torchtitan builds). Without a pipeline the micro-batch
+is ``local_batch_size``; when the file leaves that or the activation checkpointing out,
+they are the search's to choose. A key torchtitan does not have is refused: torchtitan
+refuses it too, and read past it would leave the setting it misspells at its default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import pairwise
 from typing import Any
 
 from ndplan.core.errors import InvalidInputError, did_you_mean
@@ -124,21 +126,23 @@ def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -
             degrees["vpp"] = 1 if schedule == "DualPipeV" else len(parts) // pp
             counts = [sum(1 for m in part if str(m).startswith("layers.")) for part in parts]
             result.split = tuple(counts)
-        elif schedule in SINGLE_STAGE:
-            degrees["vpp"] = 1
         else:
-            result.notes.append(
-                f"{where}: the stages per rank follow from pipeline_parallel_layers_per_stage; "
-                "the search chooses VPP"
-            )
-        if "pipeline_parallel_microbatch_size" in par:
-            degrees["mbs"] = positive(par["pipeline_parallel_microbatch_size"],
-                                      "parallelism.pipeline_parallel_microbatch_size", where)  # fmt: skip
+            per_rank, split = _generated_stages(par, pp, schedule, where, problem.num_layers)
+            degrees["vpp"] = 1 if schedule == "DualPipeV" else per_rank
+            result.split = split
+        degrees["mbs"] = positive(par.get("pipeline_parallel_microbatch_size", 1),
+                                  "parallelism.pipeline_parallel_microbatch_size", where)  # fmt: skip
     local = training.get("local_batch_size")
     if local is not None:
         local = positive(local, "training.local_batch_size", where)
         if pp == 1:
             degrees["mbs"] = local
+        elif local % int(degrees["mbs"]):  # a rank's batch is whole micro-batches
+            raise InvalidInputError(
+                f"{where}: training.local_batch_size {local} is not a multiple of "
+                f"parallelism.pipeline_parallel_microbatch_size {degrees['mbs']}, which "
+                "torchtitan refuses; fix one of them"
+            )
     stated = training.get("global_batch_size", -1)
     if stated != -1:
         check_batch(where, "training.global_batch_size", positive(stated, "training.global_batch_size", where), problem)  # fmt: skip
@@ -156,6 +160,97 @@ def torchtitan_layout(config: Mapping[str, Any], where: str, problem: Problem) -
     if recompute is not None:
         degrees["recompute"] = recompute
     return result
+
+
+def _generated_stages(
+    par: Mapping[str, Any], pp: int, schedule: str, where: str, num_layers: int
+) -> tuple[int, tuple[int, ...] | None]:
+    """The stages per pipeline rank torchtitan builds when no module list names them
+    (``pipeline_llm``), and the decoder layers per stage where
+    ``pipeline_parallel_layers_per_stage`` has it generate them. The embedding and the
+    output count as ``pipeline_parallel_first_stage_less_layers`` (``last_``) layers,
+    1 each by default: 80 layers at 5 per stage make ceil(82 / 5) = 17 stages."""
+    points = par.get("pipeline_parallel_split_points")
+    if isinstance(points, list) and points:  # releases before module lists
+        return _split_point_stages(points, pp, schedule, where, num_layers)
+    if par.get("pipeline_parallel_layers_per_stage") is None:
+        # torchtitan's default: one stage per rank, two for a multi-stage schedule
+        return (1 if schedule in SINGLE_STAGE else 2), None
+    name = "parallelism.pipeline_parallel_layers_per_stage"
+    per_stage = positive(par["pipeline_parallel_layers_per_stage"], name, where)
+    first = _count(par, "pipeline_parallel_first_stage_less_layers", where)
+    last = _count(par, "pipeline_parallel_last_stage_less_layers", where)
+    effective = num_layers + first + last
+    stages = -(-effective // per_stage)
+    got = (
+        f"got {per_stage}: ceil(({num_layers} layers + {first} + {last} for the embedding and "
+        f"output) / {per_stage}) = {stages} stages"
+    )
+    if not _stages_fit(stages, pp, schedule):
+        want = {"DualPipeV": "2", **dict.fromkeys(SINGLE_STAGE, "1")}.get(schedule, "2 or more")
+        why = (
+            f"not a multiple of pp {pp}"
+            if stages % pp
+            else f"{stages // pp} per rank where {schedule} runs {want}"
+        )
+        fits = [n for n in range(1, effective + 1)
+                if _stages_fit(-(-effective // n), pp, schedule)]  # fmt: skip
+        fix = f"e.g. {min(fits, key=lambda n: abs(n - per_stage))}" if fits else "or another pp"
+        raise InvalidInputError(
+            f"{where}: {name}: torchtitan refuses the stages it makes, {why} ({got}); use a "
+            f"value it runs, {fix}"
+        )
+    # generate_llm_fqn_per_model_part: the effective layers spread evenly, the first
+    # stages one more, the embedding's and output's weight taken off the end stages.
+    base, extra = divmod(effective, stages)
+    if first > base or last > base:
+        raise InvalidInputError(
+            f"{where}: {name}: a stage holds {base} layers, fewer than the embedding's or "
+            f"output's weight ({first}, {last}), which torchtitan refuses ({got}); lower "
+            "pipeline_parallel_first_stage_less_layers / last_stage_less_layers"
+        )
+    counts = [base + (i < extra) for i in range(stages)]
+    counts[0] -= first
+    counts[-1] -= last
+    return stages // pp, tuple(counts)
+
+
+def _stages_fit(stages: int, pp: int, schedule: str) -> bool:
+    """Whether torchtitan runs this many stages over pp ranks with this schedule."""
+    per_rank, rest = divmod(stages, pp)
+    if rest or per_rank < 1:
+        return False
+    if schedule in SINGLE_STAGE:
+        return per_rank == 1
+    return per_rank == 2 if schedule == "DualPipeV" else per_rank >= 2
+
+
+def _split_point_stages(
+    points: list[Any], pp: int, schedule: str, where: str, num_layers: int
+) -> tuple[int, tuple[int, ...] | None]:
+    """Stages that begin at each of ``pipeline_parallel_split_points`` (``layers.N``)."""
+    stages = len(points) + 1
+    if not _stages_fit(stages, pp, schedule):
+        raise InvalidInputError(
+            f"{where}: parallelism.pipeline_parallel_split_points: they make {stages} stages, "
+            f"which {schedule} cannot run over pp {pp} (got {points}); torchtitan refuses it "
+            "too: fix the points"
+        )
+    starts = [str(p).removeprefix("layers.") for p in points]
+    split = None
+    if all(s.isdigit() for s in starts):
+        bounds = [0, *map(int, starts), num_layers]
+        if bounds == sorted(bounds):
+            split = tuple(b - a for a, b in pairwise(bounds))
+    return stages // pp, split
+
+
+def _count(par: Mapping[str, Any], key: str, where: str) -> int:
+    """A layer count that may be 0; torchtitan's default is 1."""
+    value = par.get(key, 1)
+    if value == 0 and not isinstance(value, bool):
+        return 0
+    return positive(value, f"parallelism.{key}", where)
 
 
 def _section(config: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
