@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ndplan.core.cluster import DeviceSpec
-from ndplan.core.errors import InvalidInputError, NdplanError, PluginError
+from ndplan.core.errors import InvalidInputError, NdplanError, PluginError, exception_text
 from ndplan.core.ports import Exporter, ModelReader, missing_members
 from ndplan.plugins.manager import PluginInfo, diagnose, load_plugins, plugin_modules_from_env
 from ndplan.plugins.registry import Registry, RuleList
@@ -112,7 +112,7 @@ def _call(pm, hook_name: str, registry) -> None:
             raise
         except Exception as exc:
             raise PluginError(
-                f"plugin '{impl.plugin_name}' failed in {hook_name}: {_exception_text(exc)}"
+                f"plugin '{impl.plugin_name}' failed in {hook_name}: {exception_text(exc)}"
             ) from None
 
 
@@ -177,14 +177,6 @@ def _check_replacements(registries: Iterable[Registry], disabled: tuple[str, ...
             diagnose(f"warning: {registry.unreplaced_text(entry, disabled)}", warning=True)
 
 
-def _exception_text(exc: BaseException) -> str:
-    """``Type: message`` on one line (``faults.exception_text``), imported only once
-    something failed: the faults module pulls in the pricing code."""
-    from ndplan.adapters.executors.faults import exception_text
-
-    return exception_text(exc)
-
-
 def create(registry: Registry, name: str, port: type, *args: object) -> Any:
     """Make the component ``name`` with its registered factory: a factory that raises, or
     makes something without the port's members, is a plugin error naming the plugin."""
@@ -197,7 +189,7 @@ def create(registry: Registry, name: str, port: type, *args: object) -> Any:
     except Exception as exc:
         raise PluginError(
             f"{registry.kind} '{name}' (from '{plugin}') could not be created: "
-            f"{_exception_text(exc)}"
+            f"{exception_text(exc)}"
         ) from None
     missing = missing_members(made, port)
     if missing:

@@ -29,6 +29,7 @@ from ndplan.core.errors import (
     InvalidInputError,
     NdplanError,
     PluginError,
+    exception_text,
     field_error,
 )
 from ndplan.core.frameworks import FRAMEWORKS
@@ -200,7 +201,7 @@ class Planner:
         opts = self._options(ctx, options)
         comps = self.components
         ctx = ctx.for_pricing(
-            (opts.memory_model, opts.cost_model, opts.knapsack_solver, opts.bucket_bytes)
+            (opts.memory_model, opts.cost_model, opts.knapsack_solver, opts.bucket_bytes), opts
         )
         # Factory signatures are documented on the registration hooks.
         memory = create(comps.memory_models, opts.memory_model, MemoryModel)
@@ -214,7 +215,9 @@ class Planner:
     def _options(ctx: PricingContext, options: PricingOptions | None) -> PricingOptions:
         """A call's options, checked against the context's: one that asks for another
         budget, fit or reuse would otherwise be silently priced with the context's."""
-        made = ctx.options if isinstance(ctx.options, PricingOptions) else PricingOptions()
+        made = ctx.options if isinstance(ctx.options, PricingOptions) else None
+        if made is None:  # a context made directly: its budget and fit are its own fields
+            return options or PricingOptions()
         if options is None:
             return made
         for name in CONTEXT_OPTIONS:
@@ -252,6 +255,11 @@ class Planner:
         with TP, the interleaved schedule with VPP. (``Layout(...)`` itself states every
         field: dp 1, one micro-batch, ZeRO 0, SP off.)"""
         devices, gbs = ctx.cluster.num_devices, ctx.job.global_batch_size
+        degrees = {"tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "ep": ep, "mbs": mbs}
+        degrees |= {"dp": dp, "etp": etp}
+        for name, value in degrees.items():
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise InvalidInputError(f"{name}: must be at least 1, got {value}")
         model_parallel = tp * pp * cp
         if dp is None:
             if devices % model_parallel:
@@ -280,7 +288,8 @@ class Planner:
                 mbs=mbs,
                 num_microbatches=gbs // (dp * mbs),
                 zero=zero,
-                sp=(tp > 1) if sp is None else sp,
+                # SP with TP, where the framework runs it beside this CP (not DeepSpeed's).
+                sp=(tp > 1 and (cp == 1 or ctx.framework.sp_with_cp)) if sp is None else sp,
                 schedule=schedule or ("interleaved" if vpp > 1 else "1f1b"),
                 recompute=recompute,
                 offload_optimizer=offload_optimizer,
@@ -557,7 +566,7 @@ def render_export(
         raise
     except Exception as exc:
         raise PluginError(
-            f"export format '{exporter.name}' failed: {type(exc).__name__}: {exc}"
+            f"export format '{exporter.name}' failed: {exception_text(exc)}"
         ) from None
     if not isinstance(exported, Exported):
         raise PluginError(

@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 
 from ndplan import __version__
 from ndplan.core.errors import ExitCode, NdplanError
+from ndplan.plugins.manager import report_diagnostics_to
 
 from . import compare, estimate, info, interrupts, models, output, search, sweep
 from .options import State, state
@@ -124,6 +125,8 @@ def root(
     st.plugins = list(plugin or [])
     st.verbosity = verbose - quiet
     output.set_verbosity(st.verbosity)
+    # Plugin loading's warnings and notes obey -q/-qq as the CLI's own do.
+    report_diagnostics_to(output.note)
 
 
 info.register(app)

@@ -16,7 +16,6 @@ import yaml
 from pydantic import ValidationError
 from rich.text import Text
 
-from ndplan.adapters.executors.faults import exception_text
 from ndplan.adapters.readers.deepspeed_config import deepspeed_refusal, is_deepspeed
 from ndplan.adapters.readers.launch import LaunchLayout, Problem
 from ndplan.adapters.readers.megatron_args import (
@@ -39,6 +38,7 @@ from ndplan.core.errors import (
     NdplanError,
     PluginError,
     did_you_mean,
+    exception_text,
     field_error,
 )
 from ndplan.core.frameworks import FrameworkTraits
@@ -1266,7 +1266,8 @@ def nested_megatron_args(data: Any, where: str) -> dict[str, Any] | None:
             if value is True or key not in flat:
                 flat[key], origin[key] = value, path
             return
-        if key in reads and prior not in (None, False, value):
+        # (identity, not ==: a prior 0 is a value, not an unset switch)
+        if key in reads and prior is not None and prior is not False and prior != value:
             raise InvalidInputError(
                 f"{where}: {path}: {value!r} differs from {origin[key]} {prior!r}; make them agree"
             )

@@ -555,18 +555,20 @@ class PricingContext:
             else None
         )
 
-    def for_pricing(self, choice: Any) -> PricingContext:
+    def for_pricing(self, choice: Any, options: Any = None) -> PricingContext:
         """This context for the ports ``choice`` names (memory model, cost model, solver,
         …): itself for the first choice that prices on it, else a twin with the same
-        inputs, recorder and options and a cache of its own, kept for that choice. Priced
-        parts are the ports', so one choice never reads what another cached."""
+        inputs and recorder, ``options`` (else its own) and a cache of its own, kept for
+        that choice. Priced parts are the ports', so one choice never reads what another
+        cached."""
         if self._pricing_choice is None:
             self._pricing_choice = choice
         if choice == self._pricing_choice:
             return self
         twin = self._twins.get(choice)
         if twin is None:
-            twin = self._twins[choice] = dataclasses.replace(self, cache={})
+            options = self.options if options is None else options
+            twin = self._twins[choice] = dataclasses.replace(self, cache={}, options=options)
             twin._pricing_choice = choice
         return twin
 

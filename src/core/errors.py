@@ -7,7 +7,7 @@ for inputs that cannot be planned at all and for broken plugins.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import IntEnum
 
 
@@ -103,3 +103,30 @@ def field_error(exc: Exception, where: str | None = None) -> str:
     if field and (given is None or isinstance(given, str | int | float)):
         text += f" (got {given!r})"
     return text
+
+
+NOUNS = {"DeviceSpec": "device", "ModelSpec": "model"}
+"""What a user calls the spec a validation error names (its ``title``)."""
+
+
+def one_line(text: object) -> str:
+    """``text``'s non-blank lines, stripped and joined with ``; ``."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def exception_text(exc: BaseException) -> str:
+    """``Type: message`` on one line, whatever the message spans. A pydantic validation
+    error (a plugin building a ``DeviceSpec`` without a field) reads as its first
+    complaint, worded as ndplan's own file readers word it (``field_error``):
+    ``device 'x2000': hbm_bandwidth_gb_per_s: Field required``."""
+    if callable(getattr(exc, "errors", None)) and hasattr(exc, "title"):  # pydantic's
+        errors = exc.errors()
+        if errors:
+            given = errors[0].get("input")
+            ident = given.get("id") if isinstance(given, Mapping) else None
+            noun = NOUNS.get(exc.title, exc.title)
+            subject = f"{noun} '{ident}'" if isinstance(ident, str) else noun
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            return one_line(f"{subject}: {field_error(exc)}{more}")
+    message = one_line(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -29,6 +29,7 @@ from .collectives import (
 )
 from .context import PricingContext, StagePlacement
 from .counting import core_attention_flops, model_flops_per_step
+from .errors import InvalidInputError, did_you_mean
 from .frameworks import offloads, per_op_policy_applies
 from .layout import Layout
 from .memory import (
@@ -291,6 +292,15 @@ class NdplanCostModel:
         found = ctx.cache.get("efficiency")
         if found is None:
             calibration = self._calibration(ctx)
+            family = ctx.device.calibration_family
+            if family and not calibration.fits_device(ctx.device):
+                # A device that names its generation means that fit: a misspelt name
+                # would otherwise price it with the default fit, said only as assumed.
+                raise InvalidInputError(
+                    f"device '{ctx.device.id}': calibration_family '{family}' has no fit in "
+                    f"the calibration (known: {', '.join(sorted(calibration.devices))})"
+                    f"{did_you_mean(family, calibration.devices)}"
+                )
             if not calibration.fits_device(ctx.device):
                 # A device no fit names (a device file, a plugin, a part with no measured
                 # runs) is priced with the cross-device fit: say so, as for any default.

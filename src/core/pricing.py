@@ -101,9 +101,11 @@ class CheckedCostModel:
         model = self.model
         parts = model.layer_seconds(ctx, layout, kind, recompute)
         bad = bad_seconds(parts)
+        where = f"layer kind '{kind.name}' under recompute {option_name(recompute)}"
         if bad is not None:
-            where = f"layer kind '{kind.name}' under recompute {option_name(recompute)}"
             raise _bad_output(model, "layer_seconds", bad, where)
+        if (missing := _missing_part(model, "layer_seconds", parts, where)) is not None:
+            raise missing
         return parts
 
     def stage_seconds(self, ctx, layout, stage, assignment):
@@ -122,6 +124,10 @@ class CheckedCostModel:
             raise self._layer_fault(ctx, layout, assignment) or _bad_output(
                 model, "stage_seconds", bad, f"stage {stage.index}"
             )
+        if (
+            missing := _missing_part(model, "stage_seconds", parts, f"stage {stage.index}")
+        ) is not None:
+            raise missing
         return parts
 
     def _layer_fault(self, ctx, layout, assignment) -> PortOutputError | None:
@@ -148,6 +154,23 @@ class CheckedCostModel:
             if bad is not None:
                 raise _bad_output(model, "step", bad)
         return time
+
+
+REQUIRED_PARTS = ("forward", "backward", "recompute")
+"""Parts ndplan's step adds up by name: a model's layer and stage seconds hold them."""
+
+
+def _missing_part(model: object, method: str, parts: Mapping, where: str) -> PortOutputError | None:
+    """The error for ``parts`` lacking a part ndplan reads by name, if they do."""
+    for name in REQUIRED_PARTS:
+        if name not in parts:
+            kind = type(model)
+            return PortOutputError(
+                f"cost model {kind.__name__}: {method} returned no '{name}' part for {where}; "
+                f"it returns seconds by part, {', '.join(REQUIRED_PARTS)} among them",
+                owner=kind.__module__,
+            )
+    return None
 
 
 def checked_cost_model(cost: CostModel) -> CostModel:

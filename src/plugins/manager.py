@@ -12,7 +12,7 @@ from importlib import metadata
 
 import pluggy
 
-from ndplan.core.errors import NdplanError, PluginError, did_you_mean
+from ndplan.core.errors import NdplanError, PluginError, did_you_mean, exception_text
 
 from . import hookspecs
 
@@ -38,14 +38,23 @@ def disabled_plugins(explicit: Iterable[str] | None = None) -> set[str]:
     return names | set(explicit or ())
 
 
+_reporter: Callable[..., None] | None = None
+"""Where plugin-loading diagnostics go (``report_diagnostics_to``); None: stderr."""
+
+
+def report_diagnostics_to(reporter: Callable[..., None] | None) -> None:
+    """Route the diagnostics of plugin loading through ``reporter(message, warning=…)``:
+    the CLI passes its ``note``, so ``-q``/``-qq`` drop them as they drop its own."""
+    global _reporter
+    _reporter = reporter
+
+
 def diagnose(message: str, *, warning: bool = False) -> None:
-    """One diagnostic line on stderr: through the CLI's ``note`` when the CLI is running
-    (so ``-q``/``-qq`` drop it as they drop the CLI's own), plainly otherwise (a library
+    """One diagnostic line: through the reporter the CLI set, else on stderr (a library
     caller). Pool and Ray workers send their stderr nowhere, so a worker that bootstraps
     again does not repeat what the main process said."""
-    output = sys.modules.get("ndplan.cli.output")
-    if output is not None:
-        output.note(message, warning=warning)
+    if _reporter is not None:
+        _reporter(message, warning=warning)
     else:
         print(message, file=sys.stderr)
 
@@ -161,7 +170,7 @@ def load_plugins(
                 plugin = ep.load()
             except Exception as exc:
                 raise PluginError(
-                    f"plugin '{ep.name}' ({ep.value}) failed to load: {_exception_text(exc)}"
+                    f"plugin '{ep.name}' ({ep.value}) failed to load: {exception_text(exc)}"
                 ) from None
             register(plugin, ep.name, source)
             loaded_eps.setdefault(module, ep.name)
@@ -181,7 +190,7 @@ def load_plugins(
             plugin = importlib.import_module(module)
         except Exception as exc:
             raise PluginError(
-                f"plugin module '{module}' failed to import: {_exception_text(exc)}"
+                f"plugin module '{module}' failed to import: {exception_text(exc)}"
             ) from None
         register(plugin, module, f"module {module}")
     for obj in extra:
@@ -267,13 +276,7 @@ def _guarded(function: Callable, plugin: str, hook_name: str) -> Callable:
             raise
         except Exception as exc:
             raise PluginError(
-                f"plugin '{plugin}' failed in {hook_name}: {_exception_text(exc)}"
+                f"plugin '{plugin}' failed in {hook_name}: {exception_text(exc)}"
             ) from None
 
     return call
-
-
-def _exception_text(exc: BaseException) -> str:
-    from ndplan.adapters.executors.faults import exception_text  # only once a plugin fails
-
-    return exception_text(exc)

@@ -529,3 +529,12 @@ def test_a_failed_check_after_the_search_keeps_no_records(capsys, tracked, tmp_p
     assert "--explain 2: only 1 plans fit" in capsys.readouterr().err
     assert tracked.CALLS == [("tracked", "open"), ("tracked", "abort")]
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [("estimate", "--tp", "2"), ("search", "-j", "1")])
+def test_a_part_missing_from_a_plugins_stage_seconds_is_the_plugins_fault(capsys, command) -> None:
+    """ndplan's own code meets the missing part; the classifier sees the output check in
+    hand and looks through it to the plugin's model (exit 4, not an internal error)."""
+    line = fails_with(capsys, "-p", "missing_part_cost", command[0], *PROBLEM, *command[1:])
+    assert "plugin 'missing_part_cost'" in line and "MissingBackward" in line
+    assert "internal error" not in line

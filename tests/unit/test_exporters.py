@@ -459,3 +459,14 @@ def test_pricing_per_layer_reproduces_the_plans_own_choice(
     assert again.time.step_s == pytest.approx(plan.time.step_s, rel=1e-12)
     assert again.memory.peak_bytes == plan.memory.peak_bytes
     assert again.memory.peak_stage == plan.memory.peak_stage
+
+
+def test_an_unpriced_stand_in_of_a_plan_without_times_renders(planner: Planner) -> None:
+    """Neither the plan's nor the written setting's figures: no predicted line, no crash."""
+    zero = 1
+    layout = Layout(
+        dp=4, tp=4, pp=4, mbs=1, num_microbatches=128, zero=zero, sp=True, recompute="auto"
+    )
+    plan, ctx = priced(planner, "llama-3-70b", 64, 512, 8192, layout)
+    made = export(planner, "megatron", plan.model_copy(update={"time": None}), ctx)
+    assert "predicted:" not in made.text and made.caveats

@@ -150,8 +150,8 @@ def test_planner_layout_fills_in_the_degrees_as_estimate_does(planner) -> None:
     assert planner.layout(ctx, tp=1).sp is False  # SP means nothing at tp 1
     with pytest.raises(InvalidInputError, match=r"does not divide devices\(64\)"):
         planner.layout(ctx, tp=3)
-    with pytest.raises(InvalidInputError, match=r"^layout: tp: Input should be greater"):
-        planner.layout(ctx, tp=-1, dp=1)
+    with pytest.raises(InvalidInputError, match=r"^layout: zero: Input should be less"):
+        planner.layout(ctx, zero=7)
 
 
 def test_planner_export_writes_what_export_writes_and_refuses_what_it_refuses(
@@ -178,3 +178,43 @@ def test_planner_export_writes_what_export_writes_and_refuses_what_it_refuses(
     assert not big.memory.fits
     with pytest.raises(InfeasibleError, match=r"^megatron: the plan does not fit"):
         planner.export(tight, big, "megatron")
+
+
+@pytest.mark.parametrize("degree", ["tp", "pp", "cp", "mbs", "dp", "vpp"])
+def test_planner_layout_refuses_a_degree_below_one_by_name(planner, degree) -> None:
+    with pytest.raises(InvalidInputError, match=rf"^{degree}: must be at least 1, got 0"):
+        planner.layout(context(planner), **{degree: 0})
+
+
+def test_planner_layout_leaves_sp_off_beside_cp_where_the_framework_does(planner) -> None:
+    ctx = planner.context(
+        planner.model("llama-3-8b"), planner.device("h100"), 16,
+        Job(global_batch_size=32, seq_length=4096, framework="deepspeed"),
+    )  # fmt: skip
+    assert planner.layout(ctx, tp=2, cp=2).sp is False  # Megatron-DeepSpeed cannot combine
+    assert planner.layout(ctx, tp=2).sp is True
+    assert planner.estimate(ctx, planner.layout(ctx, tp=2, cp=2)).time.step_s > 0
+
+
+def test_a_context_made_directly_takes_the_options_of_the_call(planner) -> None:
+    from ndplan.core.context import PricingContext
+
+    made = context(planner)
+    direct = PricingContext(
+        model=made.model, cluster=made.cluster, job=made.job, calibration=made.calibration,
+        memoize=False,
+    )  # fmt: skip
+    options = PricingOptions(memoize=False, cost_model="slow-tp")
+    assert step(planner.estimate(direct, LAYOUT, options)) == step(
+        planner.estimate(context(planner), LAYOUT, PricingOptions(cost_model="slow-tp"))
+    )
+
+
+def test_a_misspelt_calibration_family_is_refused(planner) -> None:
+    h100 = planner.device("h100")
+    device = h100.model_copy(update={"id": "lab", "aliases": (), "calibration_family": "hoper"})
+    ctx = planner.context(
+        planner.model("llama-3-8b"), device, 8, Job(global_batch_size=64, seq_length=4096)
+    )
+    with pytest.raises(InvalidInputError, match=r"calibration_family 'hoper' has no fit.*hopper"):
+        planner.estimate(ctx, planner.layout(ctx))

@@ -20,15 +20,13 @@ the message and the exit code do not depend on the executor. Every message is on
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from pydantic import ValidationError
-
-from ndplan.core.errors import InternalError, NdplanError, PluginError, field_error
-from ndplan.core.pricing import PortOutputError
+from ndplan.core.errors import InternalError, NdplanError, PluginError, exception_text, one_line
+from ndplan.core.pricing import CheckedCostModel, PortOutputError
 from ndplan.core.search import Candidate, SearchPricing, candidate_dict, candidate_text
 
 ENTRY_POINT_GROUP = "ndplan"
@@ -37,33 +35,6 @@ ENTRY_POINT_GROUP = "ndplan"
 def describe_candidate(c: Candidate) -> str:
     """``tp=2 pp=4 … schedule=1f1b``: every degree of one candidate, for error lines."""
     return candidate_text(candidate_dict(c))
-
-
-NOUNS = {"DeviceSpec": "device", "ModelSpec": "model"}
-"""What a user calls the spec a validation error names (its ``title``)."""
-
-
-def one_line(text: object) -> str:
-    """``text``'s non-blank lines, stripped and joined with ``; ``."""
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def exception_text(exc: BaseException) -> str:
-    """``Type: message`` on one line, whatever the message spans. A pydantic validation
-    error (a plugin building a ``DeviceSpec`` without a field) reads as its first
-    complaint, worded as ndplan's own file readers word it (``field_error``):
-    ``device 'x2000': hbm_bandwidth_gb_per_s: Field required``."""
-    if isinstance(exc, ValidationError):
-        errors = exc.errors()
-        if errors:
-            given = errors[0].get("input")
-            ident = given.get("id") if isinstance(given, Mapping) else None
-            noun = NOUNS.get(exc.title, exc.title)
-            subject = f"{noun} '{ident}'" if isinstance(ident, str) else noun
-            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            return one_line(f"{subject}: {field_error(exc)}{more}")
-    message = one_line(exc)
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
 def entry_point_modules() -> tuple[str, ...]:
@@ -119,6 +90,8 @@ def blame(exc: BaseException, plugins: Iterable[str]) -> Blame | None:
             return Blame(owner)
         if module == "ndplan" or module.startswith("ndplan."):
             for value in frame.f_locals.values():
+                if isinstance(value, CheckedCostModel):
+                    value = value.model  # the check is ndplan's; the model is the plugin's
                 kind = type(value)
                 owner = _owner(str(kind.__module__), owners)
                 if owner is not None:

@@ -105,7 +105,12 @@ def summary_lines(
             f"predicted: not priced as written ({written.description}: the exporter had no "
             f"pricer); the plan's own per-layer recompute: {_figures(plan)}"
         )
-    elif written is not None and written.plan.time is not None and plan.time is not None:
+    elif (
+        written is not None
+        and written.plan is not None
+        and written.plan.time is not None
+        and plan.time is not None
+    ):
         lines.append(
             f"predicted: {_figures(written.plan)} as written ({written.description}); "
             f"the plan's own per-layer recompute: {_figures(plan)}"

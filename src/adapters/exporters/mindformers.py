@@ -9,6 +9,7 @@ from ndplan.core.context import PricingContext
 from ndplan.core.plan import Plan
 from ndplan.core.ports import Exported, PerLayerPricer, StandIn
 from ndplan.core.recompute import FULL, NONE, option_name
+from ndplan.core.units import GiB
 
 from .common import Chunk, chunks, options_used, per_layer, summary_lines, switches
 
@@ -103,7 +104,9 @@ class MindFormersExporter:
         head = [f"# {line}" for line in summary_lines(plan, ctx, "MindFormers settings", written)]
         head += [f"# caveat: {c}" for c in caveats]
         body = yaml.dump(config, Dumper=_Dumper, sort_keys=False, width=4096)
-        # No stand_in: the file states the plan's counts; only the ops differ (caveat).
+        # No stand_in in Exported: the report's stand-in line says "the fastest setting it
+        # states that fits", which MindFormers' default selection is not; the header
+        # prices it and a caveat says when it does not fit.
         return Exported(text="\n".join(head) + "\n" + body, caveats=tuple(caveats))
 
     @staticmethod
@@ -143,7 +146,7 @@ class MindFormersExporter:
             description = f"{'+'.join(sorted(selective))} on the select_recompute layers"
             written = StandIn(description, price(options) if price is not None else None)
             if written.plan is not None and not written.plan.memory.fits:
-                peak = written.plan.memory.peak_bytes / 2**30
+                peak = written.plan.memory.peak_bytes / GiB
                 caveats.append(
                     f"mindformers: as written (its default selection) the plan does not fit: "
                     f"peak {peak:.1f} GiB on stage {written.plan.memory.peak_stage}; name the "

@@ -15,7 +15,13 @@ from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from ndplan.core.assumptions import AssumptionRecorder
-from ndplan.core.errors import InvalidInputError, NdplanError, PluginError, did_you_mean
+from ndplan.core.errors import (
+    InvalidInputError,
+    NdplanError,
+    PluginError,
+    did_you_mean,
+    exception_text,
+)
 from ndplan.core.model import ModelSpec
 
 from .hf import read_hf_config
@@ -47,8 +53,6 @@ def _blamed_on(plugin: str, failed: str) -> Iterator[None]:
     except Exception as exc:
         if plugin == BUILTIN_PLUGIN:
             raise
-        from ndplan.adapters.executors.faults import exception_text  # only once one fails
-
         raise PluginError(f"{failed}: {exception_text(exc)}") from None
 
 

@@ -298,9 +298,10 @@ def _default_batch(
     else:
         dp = None
     if dp is None:
-        # The device count is not known here: the file runs at this --gbs only with
-        # dp = gbs / local_batch_size, so that is the dp placed (and refused there if the
-        # devices give another).
+        # No data-parallel degree from the devices (a library caller gave none, or the
+        # degrees do not divide them): the file runs at this --gbs only with dp = gbs /
+        # local_batch_size, so that is the dp placed (and refused there if the devices
+        # give another).
         if searched % local:
             raise InvalidInputError(
                 f"{where}: training.global_batch_size is unset, so torchtitan steps "
