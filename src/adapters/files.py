@@ -29,6 +29,18 @@ def replace_atomically(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path`` and rename it over ``path``: an
     interrupted write leaves the old file (or none), never a partial one. Through a
     symlink the file it names is replaced and the link stays, as ``open()`` would write."""
+    tmp, target = stage(path, text)
+    try:
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def stage(path: Path, text: str) -> tuple[Path, Path]:
+    """``text`` in a temporary file beside ``path``, ready to be renamed over it: (the
+    temporary file, the file it replaces — through a symlink, the file the link names).
+    Callers that write several files stage them all before renaming any."""
     path = Path(os.path.realpath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -37,10 +49,10 @@ def replace_atomically(path: Path, text: str) -> None:
         # mkstemp creates the file owner-only; give it the mode a plain open() would (the
         # umask's), or keep the mode of the file it replaces.
         os.chmod(tmp, stat.S_IMODE(path.stat().st_mode) if path.exists() else _default_mode())
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp), path
 
 
 def _default_mode() -> int:

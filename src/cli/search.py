@@ -19,10 +19,10 @@ from rich.text import Text
 from ndplan.adapters.readers.deepspeed_config import deepspeed_refusal, is_deepspeed
 from ndplan.adapters.readers.launch import LaunchLayout, Problem
 from ndplan.adapters.readers.megatron_args import (
-    KNOWN,
     arguments_from_mapping,
     looks_like_megatron_args,
     megatron_layout,
+    nested_megatron_args,
     parse_arguments,
     tokens_of,
 )
@@ -1232,61 +1232,6 @@ def launch_layout(
     for line in read.notes:
         note(f"note: {line}")
     return read
-
-
-NESTED_SECTIONS = ("model", "train", "optimizer", "ddp", "dist")
-"""The sections of a Megatron-Bridge ConfigContainer YAML (NeMo 1.0 keeps all under
-``model``) that hold Megatron's arguments by their argparse names."""
-NEMO_NAMES = {
-    "encoder_seq_length": "seq_length",
-    "activations_checkpoint_granularity": "recompute_granularity",
-    "activations_checkpoint_method": "recompute_method",
-    "activations_checkpoint_num_layers": "recompute_num_layers",
-}
-"""NeMo 1.0's names for Megatron's arguments."""
-
-
-def nested_megatron_args(data: Any, where: str) -> dict[str, Any] | None:
-    """A Megatron-Bridge or NeMo 1.0 YAML (``model.tensor_model_parallel_size``,
-    ``train.global_batch_size``, …) as the flat arguments the Megatron reader takes; None
-    when ``data`` has no ``model`` section. A layout value two sections state differently
-    is refused: which one the job runs is not ours to guess."""
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-        return None
-    flat: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    reads = {flag[2:].replace("-", "_") for flag in KNOWN}
-
-    def put(key: str, value: Any, path: str) -> None:
-        key = NEMO_NAMES.get(key, key)
-        prior = flat.get(key)
-        if value is None or value is False or (value is True and prior is not True):
-            # A switch set anywhere is set: a dumped config carries every section's fields,
-            # the default (false, null) in the sections that do not own it.
-            if value is True or key not in flat:
-                flat[key], origin[key] = value, path
-            return
-        # (identity, not ==: a prior 0 is a value, not an unset switch)
-        if key in reads and prior is not None and prior is not False and prior != value:
-            raise InvalidInputError(
-                f"{where}: {path}: {value!r} differs from {origin[key]} {prior!r}; make them agree"
-            )
-        flat[key], origin[key] = value, path
-
-    for section in NESTED_SECTIONS:
-        part = data.get(section)
-        for key, value in part.items() if isinstance(part, dict) else ():
-            if not isinstance(value, dict):
-                put(str(key), value, f"{section}.{key}")
-    dataset = data.get("dataset")
-    if isinstance(dataset, dict) and "sequence_length" in dataset:  # Megatron-Bridge
-        put("seq_length", dataset["sequence_length"], "dataset.sequence_length")
-    optim = data["model"].get("optim")
-    if isinstance(optim, dict) and str(optim.get("name", "")).startswith(
-        ("distributed_fused_adam", "mcore_distributed_optim")
-    ):  # NeMo 1.0 names its distributed optimizer
-        put("use_distributed_optimizer", True, "model.optim.name")
-    return flat
 
 
 def other_problem(inputs: dict[str, Any], where: str, ctx: PricingContext) -> bool:

@@ -293,7 +293,8 @@ class NdplanCostModel:
         if found is None:
             calibration = self._calibration(ctx)
             family = ctx.device.calibration_family
-            if family and not calibration.fits_device(ctx.device):
+            fits = calibration.fits_device(ctx.device)
+            if family and not fits:
                 # A device that names its generation means that fit: a misspelt name
                 # would otherwise price it with the default fit, said only as assumed.
                 raise InvalidInputError(
@@ -301,7 +302,7 @@ class NdplanCostModel:
                     f"the calibration (known: {', '.join(sorted(calibration.devices))})"
                     f"{did_you_mean(family, calibration.devices)}"
                 )
-            if not calibration.fits_device(ctx.device):
+            if not fits:
                 # A device no fit names (a device file, a plugin, a part with no measured
                 # runs) is priced with the cross-device fit: say so, as for any default.
                 ctx.recorder.default(

@@ -101,12 +101,13 @@ class CheckedCostModel:
         model = self.model
         parts = model.layer_seconds(ctx, layout, kind, recompute)
         bad = bad_seconds(parts)
+        if bad is None and parts.keys() >= REQUIRED_PARTS_SET:
+            return parts
+        # Only a bad result builds its message.
         where = f"layer kind '{kind.name}' under recompute {option_name(recompute)}"
         if bad is not None:
             raise _bad_output(model, "layer_seconds", bad, where)
-        if (missing := _missing_part(model, "layer_seconds", parts, where)) is not None:
-            raise missing
-        return parts
+        raise _missing_part(model, "layer_seconds", parts, where)
 
     def stage_seconds(self, ctx, layout, stage, assignment):
         model = self.model
@@ -124,10 +125,8 @@ class CheckedCostModel:
             raise self._layer_fault(ctx, layout, assignment) or _bad_output(
                 model, "stage_seconds", bad, f"stage {stage.index}"
             )
-        if (
-            missing := _missing_part(model, "stage_seconds", parts, f"stage {stage.index}")
-        ) is not None:
-            raise missing
+        if not parts.keys() >= REQUIRED_PARTS_SET:
+            raise _missing_part(model, "stage_seconds", parts, f"stage {stage.index}")
         return parts
 
     def _layer_fault(self, ctx, layout, assignment) -> PortOutputError | None:
@@ -150,27 +149,30 @@ class CheckedCostModel:
         if not (step_s.__class__ is float and 0.0 <= step_s < _INF):
             if not isinstance(time, TimeBreakdown):
                 raise _bad_output(model, "step", (None, time), expected="a TimeBreakdown")
-            bad = bad_seconds({"step_s": step_s})
-            if bad is not None:
-                raise _bad_output(model, "step", bad)
+            if bad_seconds({"step_s": step_s}) is not None:  # an int in range is good
+                raise _bad_output(model, "step", ("step_s", step_s))
         return time
 
 
 REQUIRED_PARTS = ("forward", "backward", "recompute")
 """Parts ndplan's step adds up by name: a model's layer and stage seconds hold them."""
+REQUIRED_PARTS_SET = frozenset(REQUIRED_PARTS)
 
 
-def _missing_part(model: object, method: str, parts: Mapping, where: str) -> PortOutputError | None:
-    """The error for ``parts`` lacking a part ndplan reads by name, if they do."""
-    for name in REQUIRED_PARTS:
-        if name not in parts:
-            kind = type(model)
-            return PortOutputError(
-                f"cost model {kind.__name__}: {method} returned no '{name}' part for {where}; "
-                f"it returns seconds by part, {', '.join(REQUIRED_PARTS)} among them",
-                owner=kind.__module__,
-            )
-    return None
+def _missing_part(model: object, method: str, parts: Mapping, where: str) -> PortOutputError:
+    """The error for ``parts`` lacking a part ndplan reads by name (the first missing)."""
+    name = next(n for n in REQUIRED_PARTS if n not in parts)
+    kind = type(model)
+    return PortOutputError(
+        f"cost model {kind.__name__}: {method} returned no '{name}' part for {where}; "
+        f"it returns seconds by part, {', '.join(REQUIRED_PARTS)} among them",
+        owner=kind.__module__,
+    )
+
+
+def compute_s(parts: Mapping[str, float]) -> float:
+    """The compute seconds of a layer's or stage's parts: forward, backward, recompute."""
+    return parts["forward"] + parts["backward"] + parts["recompute"]
 
 
 def checked_cost_model(cost: CostModel) -> CostModel:
@@ -264,18 +266,15 @@ class Pricer:
         last = ctx.placement(layout)[-1]
         plain = replace(last, has_head=False, has_mtp=False)
         recompute = self.policy_recompute(layout)
-        # Summed here, not in a helper: what fails on the parts fails in a frame that holds
-        # the cost model, so the fault classifier blames its plugin (not ndplan).
-        cost = self.cost
-        with_head = cost.stage_seconds(ctx, layout, last, ())
-        without = cost.stage_seconds(ctx, layout, plain, ())
-        head = (with_head["forward"] + with_head["backward"] + with_head["recompute"]) - (
-            without["forward"] + without["backward"] + without["recompute"]
+        # A plugin model's parts are checked where they arrive (CheckedCostModel): the
+        # sums below meet only numbers, under the names they need.
+        head = compute_s(self.cost.stage_seconds(ctx, layout, last, ())) - compute_s(
+            self.cost.stage_seconds(ctx, layout, plain, ())
         )
-        layers = 0.0
-        for kind, count in ctx.model.kind_counts():
-            parts = cost.layer_seconds(ctx, layout, kind, recompute)
-            layers += count * (parts["forward"] + parts["backward"] + parts["recompute"])
+        layers = sum(
+            count * compute_s(self.cost.layer_seconds(ctx, layout, kind, recompute))
+            for kind, count in ctx.model.kind_counts()
+        )
         if layers <= 0 or head <= 0:
             return None
         return head / (layers / ctx.model.num_layers)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import sys
@@ -12,7 +11,7 @@ from importlib import metadata
 
 import pluggy
 
-from ndplan.core.errors import NdplanError, PluginError, did_you_mean, exception_text
+from ndplan.core.errors import PluginError, did_you_mean, exception_text
 
 from . import hookspecs
 
@@ -208,7 +207,6 @@ def load_plugins(
                     f"plugin '{impl.plugin_name}' ({sources.get(impl.plugin_name, '?')}) "
                     f"implements unknown hook '{hook_name}'; see docs/hooks.md"
                 )
-    _guard_hook_impls(pm)
 
     infos = []
     for name, plugin in pm.list_name_plugin():
@@ -249,34 +247,3 @@ def _warn_unknown_disabled(
 def _parenthesised(hint: str) -> str:
     """``did_you_mean``'s ``"; did you mean a?"`` as ``" (did you mean a?)"``."""
     return f" ({hint.removeprefix('; ')})" if hint else ""
-
-
-def _guard_hook_impls(pm: pluggy.PluginManager) -> None:
-    """Each third-party hook implementation reports what it raises as one line naming the
-    plugin and the hook (``_guarded``). The built-in's are left as they are."""
-    for hook_name, caller in vars(pm.hook).items():
-        if hook_name.startswith("_"):
-            continue
-        for impl in caller.get_hookimpls():
-            if impl.plugin_name == BUILTIN_NAME or impl.hookwrapper or impl.wrapper:
-                continue
-            impl.function = _guarded(impl.function, impl.plugin_name, hook_name)
-
-
-def _guarded(function: Callable, plugin: str, hook_name: str) -> Callable:
-    """``function``, raising a one-line PluginError for anything but ndplan's own errors:
-    a message spanning lines (a pydantic dump of a ``DeviceSpec`` built without a field)
-    would break the one line an error gets."""
-
-    @functools.wraps(function)
-    def call(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        except NdplanError:
-            raise
-        except Exception as exc:
-            raise PluginError(
-                f"plugin '{plugin}' failed in {hook_name}: {exception_text(exc)}"
-            ) from None
-
-    return call

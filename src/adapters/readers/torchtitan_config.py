@@ -62,6 +62,12 @@ CHECKPOINT_KEYS = frozenset({
     "memory_budget", "visualize_memory_budget_pareto", "preserve_rng_state",
     "determinism_check", "debug",
 })  # fmt: skip
+KNOWN_KEYS = {
+    "parallelism": PARALLELISM_KEYS,
+    "training": TRAINING_KEYS,
+    "activation_checkpoint": CHECKPOINT_KEYS,
+}
+"""The keys torchtitan has, by the sections ndplan reads."""
 READ = {
     "training": ("local_batch_size", "global_batch_size", "seq_len", "enable_cpu_offload"),
     "activation_checkpoint": ("mode", "selective_ac_option"),
@@ -263,7 +269,7 @@ def _section(config: Mapping[str, Any], name: str, where: str) -> Mapping[str, A
 def _known_keys(section: Mapping[str, Any], name: str, where: str) -> None:
     """Refuse a key torchtitan does not have where ndplan would read past it: a misspelt
     ``tensor_parallel_degree`` would otherwise place the layout at TP 1."""
-    known = {"parallelism": PARALLELISM_KEYS, "training": TRAINING_KEYS}.get(name, CHECKPOINT_KEYS)
+    known = KNOWN_KEYS[name]
     read = READ.get(name)
     for key in section:
         if key in known:

@@ -12,12 +12,11 @@ import csv
 import io
 import json
 import os
-import stat
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ndplan.adapters.files import stage
 from ndplan.core.errors import InvalidInputError
 
 
@@ -99,26 +98,17 @@ class _Buffered:
         and any file this call already renamed, so it leaves none of them (an earlier
         run's that a rename replaced is gone, as a completed write would leave it)."""
         assert self.directory is not None
-        staged: list[tuple[str, Path]] = []
+        staged: list[tuple[Path, Path]] = []
         renamed: list[Path] = []
         try:
             for name, text in texts.items():
-                # Through a symlink the file it names is replaced, as open() would write.
-                path = Path(os.path.realpath(self.directory / name))
-                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-                staged.append((tmp, path))
-                with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-                    fh.write(text)
-                # mkstemp makes the file owner-only: give it the mode a plain open() would
-                # (the umask's), or keep the mode of the file it replaces.
-                mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else _default_mode()
-                os.chmod(tmp, mode)
+                staged.append(stage(self.directory / name, text))
             for tmp, path in staged:
                 os.replace(tmp, path)
                 renamed.append(path)
         except BaseException:
             for tmp, _ in staged:
-                Path(tmp).unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
             for path in renamed:
                 path.unlink(missing_ok=True)
             raise
@@ -203,9 +193,3 @@ class NullSink:
 
     def close(self) -> None:
         pass
-
-
-def _default_mode() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
