@@ -525,7 +525,7 @@ def search_cmd(
             "--etp",
             min=1,
             help="Fix expert TP. Free, it is TP's own, or where EP reaches into the TP "
-            "ranks the widest that leaves EP room (1 at full span); under TP, 1 is tried too.",
+            "ranks the widest that leaves EP room (1 at full span).",
             show_default=False,
         ),
     ] = None,

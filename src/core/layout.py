@@ -281,17 +281,6 @@ def free_etp(tp: int, ep: int, dp_cp: int) -> int:
     return max(fits) if fits else tp
 
 
-def free_etps(tp: int, ep: int, dp_cp: int, expert_tp: bool) -> list[int]:
-    """The expert TPs a search tries where the space leaves expert TP free: ``free_etp``'s
-    (Megatron's default, folded where EP needs the room) and, under TP, expert TP 1 too
-    where the framework shards experts apart from TP. The routed experts' GEMMs are thin;
-    splitting them again over TP makes them thinner and adds their own TP traffic, which
-    is why NVIDIA's MoE recipes pair TP 2 with expert TP 1 (DeepSeek-V3 on H100, Qwen3).
-    Intermediate values (expert TP 2 under TP 8) are the user's to list (``--etp``)."""
-    default = free_etp(tp, ep, dp_cp)
-    return sorted({1, default}) if expert_tp and tp > 1 else [default]
-
-
 def heads_split(heads: int, kv_heads: int, ways: int) -> bool:
     """Whether ``ways`` ranks can share the attention heads: each takes whole query heads,
     and the key/value heads divide among them or are replicated to them (GQA)."""

@@ -47,7 +47,7 @@ from .layout import (
     SearchSpace,
     dense_etp_error,
     divisors,
-    free_etps,
+    free_etp,
     heads_split,
     layers_per_chunk_text,
     selective_not_offered,
@@ -394,10 +394,9 @@ def enumerate_candidates(
                             else:
                                 eps.append(e)
                 # A fixed expert TP is taken as given (estimate prices any), and the group and
-                # width rules below judge it; a free one is ``free_etps``'.
+                # width rules below judge it; a free one is ``free_etp``'s.
                 listed = sorted(set(space.etp)) if space.etp is not None else None
-                routed = experts is not None and fw.expert_tp
-                etps = {ep: listed or free_etps(tp, ep, dp * cp, routed) for ep in eps}
+                etps = {ep: listed or [free_etp(tp, ep, dp * cp)] for ep in eps}
                 for mbs in divisors(gbs // dp):
                     if not _allowed(space.mbs, mbs):
                         continue
