@@ -341,6 +341,23 @@ def test_mindformers_header_prices_the_default_selection_the_file_runs(planner: 
     )
 
 
+def test_mindformers_says_it_writes_no_expert_tp(planner: Planner) -> None:
+    """MindFormers' parallel_config splits experts by model_parallel; a plan whose expert
+    TP differs (the search folds it where EP reaches into the TP ranks, or --etp sets it)
+    says so instead of writing a file that silently runs another layout."""
+
+    def caveats(etp: int) -> list[str]:
+        layout = Layout(tp=2, dp=4, ep=4, etp=etp, num_microbatches=8, zero=1, sp=True)
+        plan, ctx = priced(planner, "mixtral-8x7b", 8, 32, 4096, layout, framework="mindformers")
+        made = export(planner, "mindformers", plan, ctx)
+        assert yaml.safe_load(made.text)["parallel_config"]["expert_parallel"] == 4
+        return [c for c in made.caveats if "expert" in c]
+
+    assert caveats(2) == []
+    (line,) = caveats(1)
+    assert "keeps each expert whole (expert TP 1), not over model_parallel's 2" in line
+
+
 def test_deepspeed_json(planner: Planner) -> None:
     layout = Layout(
         tp=2,

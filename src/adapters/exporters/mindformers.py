@@ -59,6 +59,17 @@ class MindFormersExporter:
         }
         if ctx.model.is_moe:
             parallel_config["expert_parallel"] = lay.ep
+            if lay.expert_tp != lay.tp:
+                split = (
+                    "keeps each expert whole"
+                    if lay.expert_tp == 1
+                    else f"splits each expert over {lay.expert_tp} ranks"
+                )
+                caveats.append(
+                    f"mindformers: the plan {split} (expert TP {lay.expert_tp}), not over "
+                    f"model_parallel's {lay.tp}; no setting is written for it: set your "
+                    "release's expert tensor parallelism to match"
+                )
         counts = [len(c.options) for c in parts]
         base = len(ctx.model.layers) // len(parts)
         model_config: dict[str, object] = {
