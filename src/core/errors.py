@@ -77,6 +77,13 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
     return f"; did you mean {', '.join(by_lower[c] for c in close)}?" if close else ""
 
 
+def did_you_mean_aside(name: str, known: Iterable[str]) -> str:
+    """``did_you_mean`` in brackets, ``" (did you mean a?)"``, for a hint inside a
+    sentence that goes on; ``""`` when none is close."""
+    hint = did_you_mean(name, known)
+    return f" ({hint.removeprefix('; ')})" if hint else ""
+
+
 def error_field(exc: Exception) -> str:
     """The dotted path of the field a pydantic error's first complaint is about ("" for a
     whole-model check or any other error)."""

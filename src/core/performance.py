@@ -555,11 +555,12 @@ class NdplanCostModel:
                 ffn_tp_share = 0.0
 
         kernels = sum(op.kernels for op in built.ops) + (4 if t > 1 else 0) + (4 if ep_fwd else 0)
+        tp_share = 0.5 + ffn_tp_share  # attention's half, and the FFN's where it has one
         return LayerCost(
             ops=tuple(built.ops),
-            tp_forward_s=mixer.tp_forward_s * (0.5 + ffn_tp_share),
-            tp_backward_s=mixer.tp_backward_s * (0.5 + ffn_tp_share),
-            sp_regather_s=mixer.sp_regather_s * (0.5 + ffn_tp_share),
+            tp_forward_s=mixer.tp_forward_s * tp_share,
+            tp_backward_s=mixer.tp_backward_s * tp_share,
+            sp_regather_s=mixer.sp_regather_s * tp_share,
             cp_forward_s=mixer.cp_forward_s,
             cp_backward_s=mixer.cp_backward_s,
             cp_ring_steps=mixer.cp_ring_steps,

@@ -2,9 +2,10 @@
 
 Every hook is called when a process assembles the components: in the run's own
 process, and again in each worker process of a parallel executor (so a hook only
-registers; side effects would repeat). Nothing calls a hook per candidate. Every ``registry`` argument has ``registry.add(name, value, *,
-replace=False, aliases=())`` (the last two by keyword): a name is registered
-once, and a plugin that means to replace a built-in says so with ``replace=True``.
+registers; side effects would repeat). Nothing calls a hook per candidate. Every
+``registry`` argument has ``registry.add(name, value, *, replace=False, aliases=())``
+(the last two by keyword): a name is registered once, and a plugin that means to
+replace a built-in says so with ``replace=True``.
 Built-in implementations are marked ``trylast``, so a user's plugin is asked
 first. All hooks return None; their effect is what they add to the registry.
 """

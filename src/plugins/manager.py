@@ -11,7 +11,7 @@ from importlib import metadata
 
 import pluggy
 
-from ndplan.core.errors import PluginError, did_you_mean, exception_text
+from ndplan.core.errors import PluginError, did_you_mean_aside, exception_text
 
 from . import hookspecs
 
@@ -239,11 +239,6 @@ def _warn_unknown_disabled(
         where = "NDPLAN_DISABLE_PLUGINS" if name in from_env else "disabled="
         diagnose(
             f"warning: {where} names '{name}', which is no loaded or installed "
-            f"plugin{_parenthesised(did_you_mean(name, names))}; plugins: {listing}",
+            f"plugin{did_you_mean_aside(name, names)}; plugins: {listing}",
             warning=True,
         )
-
-
-def _parenthesised(hint: str) -> str:
-    """``did_you_mean``'s ``"; did you mean a?"`` as ``" (did you mean a?)"``."""
-    return f" ({hint.removeprefix('; ')})" if hint else ""

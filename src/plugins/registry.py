@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from ndplan.core.errors import InvalidInputError, PluginError, did_you_mean
+from ndplan.core.errors import InvalidInputError, PluginError, did_you_mean, did_you_mean_aside
 
 from .manager import BUILTIN_NAME
 
@@ -122,11 +122,11 @@ class Registry(Generic[T]):
         """One line: which plugin replaced a name nobody registers, and the two fixes."""
         others = [n for n in self._entries if n != entry.name]
         unless = f" (unless disabled {', '.join(disabled)} does)" if disabled else ""
-        hint = did_you_mean(entry.name, others).removeprefix("; ")
         return (
             f"{self.kind} '{entry.name}' from '{entry.plugin}' is registered with replace=True, "
             f"but no other plugin registers '{entry.name}'{unless}: fix the name to replace "
-            f"one{f' ({hint})' if hint else ''}, or drop replace=True to add it as a new one"
+            f"one{did_you_mean_aside(entry.name, others)}, or drop replace=True to add it as "
+            "a new one"
         )
 
     def resolve(self, name: str) -> str:
