@@ -59,8 +59,8 @@ class PortOutputError(ValueError):
         self.owner = owner
 
 
-def bad_seconds(parts: object) -> tuple[str | None, object] | None:
-    """The first ``(part, value)`` of ``parts`` that is no finite number of seconds ≥ 0,
+def bad_part(parts: object) -> tuple[str | None, object] | None:
+    """The first ``(part, value)`` of ``parts`` that is no finite number ≥ 0 (seconds, bytes),
     ``(None, parts)`` when ``parts`` is no mapping, None when every part is good. One pass
     over the parts, the common case (a float in range) first."""
     if not isinstance(parts, Mapping):
@@ -100,7 +100,7 @@ class CheckedCostModel:
     def layer_seconds(self, ctx, layout, kind, recompute):
         model = self.model
         parts = model.layer_seconds(ctx, layout, kind, recompute)
-        bad = bad_seconds(parts)
+        bad = bad_part(parts)
         if bad is None and parts.keys() >= REQUIRED_PARTS_SET:
             return parts
         # Only a bad result builds its message.
@@ -120,7 +120,7 @@ class CheckedCostModel:
             if fault is not None:
                 raise fault from None
             raise
-        bad = bad_seconds(parts)
+        bad = bad_part(parts)
         if bad is not None:
             raise self._layer_fault(ctx, layout, assignment) or _bad_output(
                 model, "stage_seconds", bad, f"stage {stage.index}"
@@ -149,7 +149,7 @@ class CheckedCostModel:
         if not (step_s.__class__ is float and 0.0 <= step_s < _INF):
             if not isinstance(time, TimeBreakdown):
                 raise _bad_output(model, "step", (None, time), expected="a TimeBreakdown")
-            if bad_seconds({"step_s": step_s}) is not None:  # an int in range is good
+            if bad_part({"step_s": step_s}) is not None:  # an int in range is good
                 raise _bad_output(model, "step", ("step_s", step_s))
         return time
 
@@ -190,8 +190,11 @@ def _bad_output(
     bad: tuple[str | None, object],
     where: str = "",
     expected: str = "seconds by part",
+    port: str = "cost model",
+    unit: str = "seconds",
 ) -> PortOutputError:
-    """The error for ``model``'s ``method`` returning ``bad`` (``bad_seconds``)."""
+    """The error for ``model``'s ``method`` returning ``bad`` (``bad_part``); a part
+    named ``""`` is the whole return value."""
     part, value = bad
     kind = type(model)
     at = f" for {where}" if where else ""
@@ -202,8 +205,81 @@ def _bad_output(
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         if not isinstance(value, Real):
             shown += f" (a {type(value).__name__})"
-        problem = f"returned {part}={shown}{at}; every part must be a finite number of seconds ≥ 0"
-    return PortOutputError(f"cost model {kind.__name__}: {method} {problem}", owner=kind.__module__)
+        if part:
+            problem = (
+                f"returned {part}={shown}{at}; every part must be a finite number of {unit} ≥ 0"
+            )
+        else:
+            problem = f"returned {shown}{at}; it must be a finite number of {unit} ≥ 0"
+    return PortOutputError(f"{port} {kind.__name__}: {method} {problem}", owner=kind.__module__)
+
+
+def checked_memory_model(memory: MemoryModel) -> MemoryModel:
+    """``memory`` as the pricer calls it: ndplan's own model as it is, any other behind
+    :class:`CheckedMemoryModel` (as ``checked_cost_model``)."""
+    module = type(memory).__module__
+    if module == "ndplan" or module.startswith("ndplan."):
+        return memory
+    return CheckedMemoryModel(memory)
+
+
+def _whole_bytes(value: Real) -> int:
+    """A checked byte count as the int the pricer sums: rounded up, so a fractional byte
+    errs towards not fitting."""
+    return value if value.__class__ is int else math.ceil(value)
+
+
+class CheckedMemoryModel:
+    """A memory model that is not ndplan's own, as the pricer calls it.
+
+    What its ``stage_static_bytes`` and ``layer_activation_bytes`` return is checked where
+    ndplan receives it — every part a finite number of bytes ≥ 0 — and made whole bytes.
+    Unchecked, a NaN or a negative activation size failed deep in the recompute knapsack
+    and a string in ndplan's sums, each reported as ndplan's internal error rather than
+    the plugin's, and a float reached the output as fractional bytes. A bad value is a
+    :class:`PortOutputError` naming the method, the part and the value. Everything else
+    reads through to the model."""
+
+    def __init__(self, model: MemoryModel) -> None:
+        self.model = model
+
+    def __getattr__(self, name: str):
+        try:
+            model = self.__dict__["model"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(model, name)
+
+    def stage_static_bytes(self, ctx, layout, stage):
+        model = self.model
+        parts = model.stage_static_bytes(ctx, layout, stage)
+        bad = bad_part(parts)
+        if bad is not None:
+            raise _bad_output(
+                model,
+                "stage_static_bytes",
+                bad,
+                f"stage {stage.index}",
+                expected="bytes by part",
+                port="memory model",
+                unit="bytes",
+            )
+        if all(value.__class__ is int for value in parts.values()):
+            return parts
+        return {name: _whole_bytes(value) for name, value in parts.items()}
+
+    def layer_activation_bytes(self, ctx, layout, kind, recompute):
+        model = self.model
+        value = model.layer_activation_bytes(ctx, layout, kind, recompute)
+        if value.__class__ is int and value >= 0:
+            return value
+        bad = bad_part({"": value})
+        if bad is not None:
+            where = f"layer kind '{kind.name}' under recompute {option_name(recompute)}"
+            raise _bad_output(
+                model, "layer_activation_bytes", bad, where, port="memory model", unit="bytes"
+            )
+        return _whole_bytes(value)
 
 
 @dataclass(slots=True)
@@ -247,8 +323,9 @@ class Pricer:
         self, ctx: PricingContext, memory: MemoryModel, cost: CostModel, solver: KnapsackSolver
     ) -> None:
         self.ctx = ctx
-        self.memory = memory
-        self.cost = checked_cost_model(cost)  # a plugin's outputs are checked as they come
+        # A plugin's outputs are checked as they come.
+        self.memory = checked_memory_model(memory)
+        self.cost = checked_cost_model(cost)
         self.solver = solver
         # The balanced split weighs the head as this cost model will price it.
         ctx.layer_splits.weigh_head_with(self.head_weight)

@@ -327,3 +327,92 @@ def test_a_plugins_cost_model_is_checked_and_ndplans_own_is_not(faulty) -> None:
     internal = classify(ValueError("first\n  second"), "candidate x", ["faulty_cost"])
     assert isinstance(internal, InternalError)
     assert str(internal).startswith("candidate x: internal error: ValueError: first; second")
+
+
+# --------------------------------------------------------------- a plugin's memory model
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_memory_models_nan_is_the_plugins_error(jobs: str, capsys, tmp_path: Path) -> None:
+    # Unchecked, the NaN activations of full recompute compared false with the budget and
+    # the search ranked plans as if nothing were wrong (exit 0).
+    out = tmp_path / "r.csv"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(PLUGINS))
+        for var in ("NDPLAN_PLUGINS", "NDPLAN_DEBUG", "NDPLAN_JOBS"):
+            patch.delenv(var, raising=False)
+        patch.setenv("PYTHONPATH", str(PLUGINS))  # the pool's workers import it too
+        code = run(["-p", "nan_memory", "search", *SMALL, "-j", jobs, "--ranking-csv", str(out)])
+    assert code == 4
+    line = one_line(capsys.readouterr().err)
+    assert line.endswith(
+        ": plugin 'nan_memory': memory model NanMemoryModel: layer_activation_bytes returned "
+        "nan for layer kind 'attn+dense' under recompute full; it must be a finite number of "
+        "bytes ≥ 0"
+    ), line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_plugins_memory_model_is_checked_and_ndplans_own_is_not() -> None:
+    from ndplan.bootstrap import bootstrap
+    from ndplan.core.job import Job
+    from ndplan.core.memory import NdplanMemoryModel
+    from ndplan.core.pricing import CheckedMemoryModel, PortOutputError, Pricer
+    from ndplan.planner import Planner
+
+    planner = Planner(bootstrap(entry_points=False))
+    model, device = planner.model("llama-3-8b"), planner.device("h100")
+
+    def fresh_context():  # each pricer its own cache: priced parts are its model's
+        return planner.context(model, device, 8, Job(global_batch_size=16, seq_length=2048))
+
+    ctx = fresh_context()
+    shipped = planner.pricer(ctx)
+    assert type(shipped.memory) is NdplanMemoryModel  # ndplan's own, tested: not wrapped
+    layout = planner.layout(ctx, tp=2, recompute="auto")
+
+    def pricer_with(model_class: type) -> Pricer:
+        model_class.__module__ = "odd_memory"  # defined by a plugin module, as its classes are
+        return Pricer(fresh_context(), model_class(), shipped.cost, shipped.solver)
+
+    class Fractional(NdplanMemoryModel):
+        def layer_activation_bytes(self, ctx, layout, kind, recompute):
+            return super().layer_activation_bytes(ctx, layout, kind, recompute) + 0.25
+
+        def stage_static_bytes(self, ctx, layout, stage):
+            parts = super().stage_static_bytes(ctx, layout, stage)
+            return {**parts, "weights": parts["weights"] + 0.5}
+
+    fractional = pricer_with(Fractional)
+    assert isinstance(fractional.memory, CheckedMemoryModel)
+    assert fractional.memory.name == "ndplan"  # everything else reads through
+    # Whole bytes, rounded up: one more byte for the static part and each activation.
+    exact, rounded = shipped.price(layout), fractional.price(layout)
+    assert type(rounded.peak_bytes) is int
+    assert rounded.peak_bytes > exact.peak_bytes
+    kind = ctx.model.kinds[0]
+    assert fractional.memory.layer_activation_bytes(
+        ctx, layout, kind, frozenset()
+    ) == 1 + shipped.memory.layer_activation_bytes(ctx, layout, kind, frozenset())
+
+    class NegativeWeights(NdplanMemoryModel):
+        def stage_static_bytes(self, ctx, layout, stage):
+            return {**super().stage_static_bytes(ctx, layout, stage), "weights": -1}
+
+    bad = _raise_from(lambda: pricer_with(NegativeWeights).price(layout))
+    assert isinstance(bad, PortOutputError)
+    assert bad.owner == "odd_memory"
+    assert str(bad) == (
+        "memory model NegativeWeights: stage_static_bytes returned weights=-1 for stage 0; "
+        "every part must be a finite number of bytes ≥ 0"
+    )
+
+    class Text(NdplanMemoryModel):
+        def layer_activation_bytes(self, ctx, layout, kind, recompute):
+            return "12"
+
+    bad = _raise_from(lambda: pricer_with(Text).price(layout))
+    assert str(bad) == (
+        f"memory model Text: layer_activation_bytes returned '12' (a str) for layer kind "
+        f"'{kind.name}' under recompute none; it must be a finite number of bytes ≥ 0"
+    )
