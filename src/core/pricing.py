@@ -75,7 +75,28 @@ def bad_part(parts: object) -> tuple[str | None, object] | None:
     return None
 
 
-class CheckedCostModel:
+class CheckedPort:
+    """A plugin's port implementation behind ndplan's checks of what it returns: the
+    subclass checks its port's methods; everything else reads through to the model."""
+
+    def __init__(self, model: object) -> None:
+        self.model = model
+
+    def __getattr__(self, name: str):
+        try:
+            model = self.__dict__["model"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(model, name)
+
+
+def _ndplans_own(component: object) -> bool:
+    """Whether ``component`` is one of ndplan's own (tested) implementations."""
+    module = type(component).__module__
+    return module == "ndplan" or module.startswith("ndplan.")
+
+
+class CheckedCostModel(CheckedPort):
     """A cost model that is not ndplan's own, as the pricer calls it.
 
     What its ``layer_seconds`` and ``stage_seconds`` return is checked where ndplan
@@ -86,16 +107,6 @@ class CheckedCostModel:
     ndplan's own arithmetic, far from the plugin. Each check is one pass over the parts,
     on calls the pricer and the search memoise (a stage's seconds, a layer's options).
     Everything else reads through to the model."""
-
-    def __init__(self, model: CostModel) -> None:
-        self.model = model
-
-    def __getattr__(self, name: str):
-        try:
-            model = self.__dict__["model"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(model, name)
 
     def layer_seconds(self, ctx, layout, kind, recompute):
         model = self.model
@@ -178,10 +189,7 @@ def compute_s(parts: Mapping[str, float]) -> float:
 def checked_cost_model(cost: CostModel) -> CostModel:
     """``cost`` as the pricer calls it: ndplan's own models as they are (their outputs are
     tested, and cost nothing to check), any other behind :class:`CheckedCostModel`."""
-    module = type(cost).__module__
-    if module == "ndplan" or module.startswith("ndplan."):
-        return cost
-    return CheckedCostModel(cost)
+    return cost if _ndplans_own(cost) else CheckedCostModel(cost)
 
 
 def _bad_output(
@@ -217,10 +225,7 @@ def _bad_output(
 def checked_memory_model(memory: MemoryModel) -> MemoryModel:
     """``memory`` as the pricer calls it: ndplan's own model as it is, any other behind
     :class:`CheckedMemoryModel` (as ``checked_cost_model``)."""
-    module = type(memory).__module__
-    if module == "ndplan" or module.startswith("ndplan."):
-        return memory
-    return CheckedMemoryModel(memory)
+    return memory if _ndplans_own(memory) else CheckedMemoryModel(memory)
 
 
 def _whole_bytes(value: Real) -> int:
@@ -229,7 +234,7 @@ def _whole_bytes(value: Real) -> int:
     return value if value.__class__ is int else math.ceil(value)
 
 
-class CheckedMemoryModel:
+class CheckedMemoryModel(CheckedPort):
     """A memory model that is not ndplan's own, as the pricer calls it.
 
     What its ``stage_static_bytes`` and ``layer_activation_bytes`` return is checked where
@@ -239,16 +244,6 @@ class CheckedMemoryModel:
     the plugin's, and a float reached the output as fractional bytes. A bad value is a
     :class:`PortOutputError` naming the method, the part and the value. Everything else
     reads through to the model."""
-
-    def __init__(self, model: MemoryModel) -> None:
-        self.model = model
-
-    def __getattr__(self, name: str):
-        try:
-            model = self.__dict__["model"]
-        except KeyError:
-            raise AttributeError(name) from None
-        return getattr(model, name)
 
     def stage_static_bytes(self, ctx, layout, stage):
         model = self.model

@@ -416,3 +416,11 @@ def test_a_plugins_memory_model_is_checked_and_ndplans_own_is_not() -> None:
         f"memory model Text: layer_activation_bytes returned '12' (a str) for layer kind "
         f"'{kind.name}' under recompute none; it must be a finite number of bytes ≥ 0"
     )
+
+    # ndplan's code failing on what the wrapped model gave it blames the model's plugin.
+    ndplan_code = {"__name__": "ndplan.core.elsewhere"}
+    exec("def total(memory):\n    raise ValueError('cannot add it up')\n", ndplan_code)
+    failed = _raise_from(lambda: ndplan_code["total"](pricer_with(Text).memory))
+    error = classify(failed, "candidate x", ["odd_memory"])
+    assert isinstance(error, PluginError)
+    assert str(error).startswith("candidate x: plugin 'odd_memory': ndplan failed on what its Text")

@@ -8,9 +8,10 @@ point, or one of their submodules — and an internal error (exit 5) otherwise.
 Frames of other libraries (numpy, the standard library) are skipped, so a
 plugin that divides by zero in numpy is still the plugin's fault.
 
-A value a plugin's cost model returns that cannot be priced with (a NaN, a negative
-time, a string) is checked where the pricer receives it (``core.pricing.CheckedCostModel``)
-and blamed on the plugin by the module of the model's class.
+A value a plugin's cost or memory model returns that cannot be priced with (a NaN, a
+negative time or size, a string) is checked where the pricer receives it
+(``core.pricing.CheckedCostModel``, ``CheckedMemoryModel``) and blamed on the plugin by
+the module of the model's class.
 
 The same guard runs in the main process (serial pricing) and in every worker, so
 the message and the exit code do not depend on the executor. Every message is one line
@@ -26,7 +27,7 @@ from importlib import metadata
 from typing import Any
 
 from ndplan.core.errors import InternalError, NdplanError, PluginError, exception_text, one_line
-from ndplan.core.pricing import CheckedCostModel, PortOutputError
+from ndplan.core.pricing import CheckedPort, PortOutputError
 from ndplan.core.search import Candidate, SearchPricing, candidate_dict, candidate_text
 
 ENTRY_POINT_GROUP = "ndplan"
@@ -77,9 +78,9 @@ class Blame:
 def blame(exc: BaseException, plugins: Iterable[str]) -> Blame | None:
     """The plugin at fault for ``exc``, or None when it is ndplan's own. The innermost frame
     of a plugin or of ndplan decides: a plugin's frame blames the plugin; an ndplan frame
-    blames the plugin whose object (``self``, a cost model in hand) it was working on,
-    else no one but ndplan. A :class:`PortOutputError` (a bad value a plugin's model
-    returned) names the module of the model's class itself."""
+    blames the plugin whose object (``self``, a cost or memory model in hand) it was
+    working on, else no one but ndplan. A :class:`PortOutputError` (a bad value a plugin's
+    model returned) names the module of the model's class itself."""
     owners = _owners(plugins)
     if isinstance(exc, PortOutputError) and exc.owner:
         return Blame(_owner(exc.owner, owners) or exc.owner)
@@ -90,7 +91,7 @@ def blame(exc: BaseException, plugins: Iterable[str]) -> Blame | None:
             return Blame(owner)
         if module == "ndplan" or module.startswith("ndplan."):
             for value in frame.f_locals.values():
-                if isinstance(value, CheckedCostModel):
+                if isinstance(value, CheckedPort):
                     value = value.model  # the check is ndplan's; the model is the plugin's
                 kind = type(value)
                 owner = _owner(str(kind.__module__), owners)
