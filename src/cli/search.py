@@ -480,7 +480,9 @@ def ranking_csv(outcome: SearchOutcome, exact: int) -> str:
     for row in rows:
         keys.extend(k for k in row if k not in keys)
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    # Only parts can be missing from a row (a stage without the loss's activations, a
+    # layout without CP traffic): 0 there, not a blank a reader takes for "unknown".
+    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n", restval=0)
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()

@@ -20,17 +20,25 @@ from ndplan.adapters.files import stage
 from ndplan.core.errors import InvalidInputError
 
 
-def _csv_text(rows: list[dict[str, Any]], leading: list[str]) -> str:
+def _csv_text(
+    rows: list[dict[str, Any]],
+    leading: list[str],
+    trailing: tuple[str, ...] = (),
+    missing: Any = "",
+) -> str:
+    """The rows under one header: ``leading`` first, then every other key in the order
+    rows bring them, ``trailing`` last; a row without a key writes ``missing`` there."""
     keys: list[str] = list(leading)
     for row in rows:
         for key in row:
-            if key not in keys:
+            if key not in keys and key not in trailing:
                 keys.append(key)
+    keys += [key for key in trailing if key not in leading]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: _fmt(row.get(k, "")) for k in keys})
+        writer.writerow({k: _fmt(row.get(k, missing)) for k in keys})
     return buf.getvalue()
 
 
@@ -131,10 +139,13 @@ class CsvSink(_Buffered):
     def close(self) -> None:
         mem, perf, refusals = self.files
         leading = self.candidate_fields
+        # Stages hold different parts (the first the embedding's activations, the last the
+        # loss's): a part a stage lacks is 0 bytes there, not a blank; the peak stage and
+        # the totals close each row.
         self.write(
             {
-                mem: _csv_text(self.memory_rows, leading),
-                perf: _csv_text(self.time_rows, leading),
+                mem: _csv_text(self.memory_rows, leading, ("stage", "total"), missing=0),
+                perf: _csv_text(self.time_rows, leading, ("step",), missing=0),
                 refusals: _csv_text(self.refusal_rows, ["reason"]),
             }
         )
