@@ -817,6 +817,16 @@ class SearchPricing:
             out.append(Screened(True, priced.time.step_s, -1, 0))
         return out
 
+    def plans(self, candidates: Sequence[Candidate]) -> list[Plan]:
+        """The listed candidates as whole plans (memory and time breakdowns, the recompute
+        each layer runs), unranked: where the search's pricing ran, whose caches hold
+        their parts (a pool's workers; this process prices them cold)."""
+        pricer = self.pricer
+        return [
+            pricer.plan(pricer.price(candidate_layout(c, pricer.ctx.layer_splits)))
+            for c in candidates
+        ]
+
     def price(self, candidates: Sequence[Candidate]) -> list[Priced]:
         out = []
         for c in candidates:
@@ -1137,12 +1147,17 @@ def search(
     results.sort()
     if not results:
         raise InfeasibleError(_closest_message(ctx, closest))
-    plans: list[Plan] = []
-    pricer = pricing.pricer
     listed = _first_of_each_shape(results, candidates, k) if settings.distinct else results[:k]
-    for rank, (_, _, _, i, _) in enumerate(listed, start=1):
-        priced = pricer.price(candidate_layout(candidates[i], ctx.layer_splits))
-        plans.append(pricer.plan(priced, rank=rank))
+    whole = run_phase(
+        ctx,
+        executor,
+        task,
+        recipe,
+        "plans",
+        [candidates[i] for _, _, _, i, _ in listed],
+        remote("plans"),
+    )
+    plans = [plan.model_copy(update={"rank": rank}) for rank, plan in enumerate(whole, start=1)]
     t_end = time.perf_counter()
     summary = SearchSummary(
         generated=enum.generated,
