@@ -50,9 +50,10 @@ _INF = math.inf
 
 class PortOutputError(ValueError):
     """What a plugin's port implementation returned cannot be priced with (a NaN, a
-    negative time, a string where seconds belong), raised where ndplan receives it, with
-    the method, the part and the value. ``owner`` is the module of the implementation's
-    class: the fault classifier (``adapters/executors/faults.py``) blames its plugin."""
+    negative time or size, a string where seconds or bytes belong), raised where ndplan
+    receives it, with the method, the part and the value. ``owner`` is the module of the
+    implementation's class: the fault classifier (``adapters/executors/faults.py``) blames
+    its plugin."""
 
     def __init__(self, message: str, owner: str = "") -> None:
         super().__init__(message)
