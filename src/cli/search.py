@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import math
 import tomllib
 from collections.abc import Callable, Iterator
@@ -28,6 +26,7 @@ from ndplan.adapters.readers.megatron_args import (
 )
 from ndplan.adapters.readers.mindformers_config import is_mindformers, mindformers_layout
 from ndplan.adapters.readers.torchtitan_config import torchtitan_layout
+from ndplan.adapters.sinks.files import csv_text
 from ndplan.adapters.yamlfile import parse_yaml, read_text_file
 from ndplan.bootstrap import create
 from ndplan.core.context import PricingContext
@@ -476,16 +475,10 @@ def ranking_csv(outcome: SearchOutcome, exact: int) -> str:
             if name not in ("stage", "total"):
                 row[f"memory.{name}"] = value
         rows.append(row)
-    keys: list[str] = ["rank", *FIELDS, "layers_per_chunk", "step_s", "peak_bytes", "peak_stage"]
-    for row in rows:
-        keys.extend(k for k in row if k not in keys)
-    buf = io.StringIO()
     # Only parts can be missing from a row (a stage without the loss's activations, a
-    # layout without CP traffic): 0 there, not a blank a reader takes for "unknown".
-    writer = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n", restval=0)
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
+    # layout without CP traffic): 0 there, as in the debug sink's files.
+    leading = ["rank", *FIELDS, "layers_per_chunk", "step_s", "peak_bytes", "peak_stage"]
+    return csv_text(rows, leading, missing=0)
 
 
 def search_cmd(

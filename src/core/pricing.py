@@ -91,10 +91,14 @@ class CheckedPort:
         return getattr(model, name)
 
 
+def is_ndplan_module(module: str) -> bool:
+    """Whether ``module`` (a dotted name) is ndplan's own code."""
+    return module == "ndplan" or module.startswith("ndplan.")
+
+
 def _ndplans_own(component: object) -> bool:
     """Whether ``component`` is one of ndplan's own (tested) implementations."""
-    module = type(component).__module__
-    return module == "ndplan" or module.startswith("ndplan.")
+    return is_ndplan_module(type(component).__module__)
 
 
 class CheckedCostModel(CheckedPort):

@@ -140,19 +140,25 @@ def assert_no_output(folder: Path) -> None:
 # --------------------------------------------------------------- a plugin raising
 
 
+def search_with_plugin(plugin: str, jobs: str, ranking: Path) -> tuple[int, str, list[int]]:
+    """``ndplan -p PLUGIN search`` of the small problem as a fresh process (the pool's
+    workers import the plugin from PYTHONPATH): its exit code, its stderr, and every
+    process it started (recorded while they live)."""
+    proc = start("-p", plugin, "search", *SMALL, "-j", jobs, "--ranking-csv", str(ranking))
+    pids: list[int] = []
+    while proc.poll() is None:
+        pids = sorted(set(pids) | set(descendants(proc.pid)))
+        time.sleep(0.02)
+    _, err = proc.communicate()
+    return proc.returncode, err, pids
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_plugin_raising_on_a_candidate_exits_4_naming_it(jobs: str, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    proc = start(
-        "-p", "faulty_cost", "search", *SMALL, "-j", jobs, "--ranking-csv", str(out / "r.csv")
-    )
-    pids: list[int] = []
-    while proc.poll() is None:  # record the workers while they live
-        pids = sorted(set(pids) | set(descendants(proc.pid)))
-        time.sleep(0.02)
-    _, err = proc.communicate()
-    assert proc.returncode == 4, err
+    code, err, pids = search_with_plugin("faulty_cost", jobs, out / "r.csv")
+    assert code == 4, err
     line = one_line(err)
     assert "candidate tp=2 " in line and " cp=2 " in line
     assert "plugin 'faulty_cost' raised RuntimeError: faulty_cost refuses tp 2 with cp 2" in line
@@ -336,14 +342,10 @@ def test_a_plugins_cost_model_is_checked_and_ndplans_own_is_not(faulty) -> None:
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_a_memory_models_nan_is_the_plugins_error(jobs: str, tmp_path: Path) -> None:
     # Unchecked, the NaN activations of full recompute compared false with the budget and
-    # the search ranked plans as if nothing were wrong (exit 0). A fresh process, as the
-    # pool's workers import the plugin from PYTHONPATH.
+    # the search ranked plans as if nothing were wrong (exit 0).
     out = tmp_path / "out"
-    proc = start(
-        "-p", "nan_memory", "search", *SMALL, "-j", jobs, "--ranking-csv", str(out / "r.csv")
-    )
-    _, err = proc.communicate()
-    assert proc.returncode == 4, err
+    code, err, _ = search_with_plugin("nan_memory", jobs, out / "r.csv")
+    assert code == 4, err
     line = one_line(err)
     assert line.endswith(
         ": plugin 'nan_memory': memory model NanMemoryModel: layer_activation_bytes returned "

@@ -27,7 +27,7 @@ from importlib import metadata
 from typing import Any
 
 from ndplan.core.errors import InternalError, NdplanError, PluginError, exception_text, one_line
-from ndplan.core.pricing import CheckedPort, PortOutputError
+from ndplan.core.pricing import CheckedPort, PortOutputError, is_ndplan_module
 from ndplan.core.search import Candidate, SearchPricing, candidate_dict, candidate_text
 
 ENTRY_POINT_GROUP = "ndplan"
@@ -89,7 +89,7 @@ def blame(exc: BaseException, plugins: Iterable[str]) -> Blame | None:
         owner = _owner(module, owners)
         if owner is not None:
             return Blame(owner)
-        if module == "ndplan" or module.startswith("ndplan."):
+        if is_ndplan_module(module):
             for value in frame.f_locals.values():
                 if isinstance(value, CheckedPort):
                     value = value.model  # the check is ndplan's; the model is the plugin's

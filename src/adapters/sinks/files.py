@@ -20,14 +20,15 @@ from ndplan.adapters.files import stage
 from ndplan.core.errors import InvalidInputError
 
 
-def _csv_text(
+def csv_text(
     rows: list[dict[str, Any]],
     leading: list[str],
     trailing: tuple[str, ...] = (),
     missing: Any = "",
 ) -> str:
     """The rows under one header: ``leading`` first, then every other key in the order
-    rows bring them, ``trailing`` last; a row without a key writes ``missing`` there."""
+    rows bring them, ``trailing`` last; a row without a key writes ``missing`` there (0
+    for a part a plan lacks: a blank reads as unknown). Floats keep every digit."""
     keys: list[str] = list(leading)
     for row in rows:
         for key in row:
@@ -144,9 +145,9 @@ class CsvSink(_Buffered):
         # the totals close each row.
         self.write(
             {
-                mem: _csv_text(self.memory_rows, leading, ("stage", "total"), missing=0),
-                perf: _csv_text(self.time_rows, leading, ("step",), missing=0),
-                refusals: _csv_text(self.refusal_rows, ["reason"]),
+                mem: csv_text(self.memory_rows, leading, ("stage", "total"), missing=0),
+                perf: csv_text(self.time_rows, leading, ("step",), missing=0),
+                refusals: csv_text(self.refusal_rows, ["reason"]),
             }
         )
 
