@@ -152,6 +152,13 @@ def shape_of(c: Candidate) -> tuple[int, int, int, int, int, int]:
     return c[:6]
 
 
+def layout_of(c: Candidate) -> tuple[int, ...]:
+    """A candidate without its layer split: the layout a user configures. Its splits are
+    ways to place that layout's layers, chosen per layout as its recompute is, so the
+    ranking holds each layout once, at its fastest split."""
+    return c[:-1]
+
+
 def candidate_dict(c: Candidate) -> dict[str, Any]:
     d = dict(zip(FIELDS, c, strict=True))
     d["sp"] = bool(d["sp"])
@@ -1031,7 +1038,10 @@ def search(
     floors: list[tuple[float, tuple[int, ...], int]] = []  # the cost model's step floor
     heap: list[tuple[float, tuple[int, ...], int]] = []  # the exact bound, once screened
     results: list[tuple[float, int, tuple[int, ...], int, Priced]] = []
-    shape_best: dict[tuple[int, ...], float] = {}  # with settings.distinct
+    # The best step time of each group the top K counts: a layout (its fastest split),
+    # or with settings.distinct a device grid.
+    group_of = shape_of if settings.distinct else layout_of
+    group_best: dict[tuple[int, ...], float] = {}
     kth = math.inf
     # Bounds above max(kth, through) cannot change the output (through: the baseline's).
     through = -math.inf if settings.rank_through_s is None else settings.rank_through_s
@@ -1115,17 +1125,12 @@ def search(
                 over_memory += 1
                 continue
             results.append((p.step_s, p.peak_bytes, key, i, p))
-            if settings.distinct:
-                shape = shape_of(candidates[i])
-                shape_best[shape] = min(shape_best.get(shape, math.inf), p.step_s)
-        if settings.distinct:
-            # The K-th best shape: a candidate bounded above it can neither enter the top
-            # K shapes nor beat its own shape's best, which is at most that.
-            if len(shape_best) >= k:
-                kth = heapq.nsmallest(k, shape_best.values())[-1]
-        elif len(results) >= k:
-            results.sort()
-            kth = results[k - 1][0]
+            group = group_of(candidates[i])
+            group_best[group] = min(group_best.get(group, math.inf), p.step_s)
+        # The K-th best group: a candidate bounded above it can neither enter the top K
+        # groups nor beat its own group's best, which is at most that.
+        if len(group_best) >= k:
+            kth = heapq.nsmallest(k, group_best.values())[-1]
         if hooks.progress is not None:
             hooks.progress("price", settled(), len(order))
     if hooks.progress is not None:
@@ -1147,7 +1152,8 @@ def search(
     results.sort()
     if not results:
         raise InfeasibleError(_closest_message(ctx, closest))
-    listed = _first_of_each_shape(results, candidates, k) if settings.distinct else results[:k]
+    results = _first_of_each(results, candidates, layout_of)
+    listed = _first_of_each(results, candidates, shape_of, k) if settings.distinct else results[:k]
     whole = run_phase(
         ctx,
         executor,
@@ -1190,14 +1196,19 @@ def search(
     )
 
 
-def _first_of_each_shape(results: list, candidates: Sequence[Candidate], k: int) -> list:
-    """The first ``k`` ranked results of distinct shapes (``results`` sorted)."""
+def _first_of_each(
+    results: list,
+    candidates: Sequence[Candidate],
+    group_of: Callable[[Candidate], tuple[int, ...]],
+    k: int | None = None,
+) -> list:
+    """The first (up to ``k``) ranked results of distinct groups (``results`` sorted)."""
     seen: set[tuple[int, ...]] = set()
     out = []
     for entry in results:
-        shape = shape_of(candidates[entry[3]])
-        if shape not in seen:
-            seen.add(shape)
+        group = group_of(candidates[entry[3]])
+        if group not in seen:
+            seen.add(group)
             out.append(entry)
             if len(out) == k:
                 break

@@ -16,6 +16,7 @@ import pytest
 
 from ndplan.cli import output
 from ndplan.cli.app import run
+from ndplan.core.search import FIELDS
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 SMALL = ("-m", "llama-3-8b", "-d", "h100", "-n", "8", "--gbs", "16", "-s", "2048", "-j", "1")
@@ -354,9 +355,16 @@ def test_the_balanced_split_is_searched_marked_and_can_be_turned_off(
     # The ranking states each uneven split's counts, as estimate --layers-per-chunk takes them.
     rows = list(csv.DictReader(ranking.open(encoding="utf-8")))
     assert rows[0]["split"] == "balanced" and rows[0]["layers_per_chunk"] == "2," * 14 + "3,1"
-    assert {r["layers_per_chunk"] for r in rows if r["split"] == "even"} == {""}
-    code, out, err = invoke(capsys, "search", *PIPELINED, "--json", "--even-layers")
+    # Each layout once, at its faster split (the even one of the best was priced, slower).
+    layouts = [tuple(r[f] for f in FIELDS if f != "split") for r in rows]
+    assert len(set(layouts)) == len(layouts)
+    even_ranking = tmp_path / "even.csv"
+    code, out, err = invoke(
+        capsys, "search", *PIPELINED, "--json", "--even-layers", "--ranking-csv", str(even_ranking)
+    )
     assert code == 0, err
+    even_rows = list(csv.DictReader(even_ranking.open(encoding="utf-8")))
+    assert {(r["split"], r["layers_per_chunk"]) for r in even_rows} == {("even", "")}
     even = plans(out)
     assert all(p["layout"]["layers_per_stage"] is None for p in even)
     assert even[0]["time"]["step_s"] > best["time"]["step_s"]

@@ -85,18 +85,43 @@ def test_no_balanced_split_where_it_cannot_apply_or_gains_too_little(planner: Pl
     assert balanced_split(planner.model("llama-3.1-405b"), 8192, 2, 1) is None
 
 
+class SplitsPriced:
+    """A debug sink noting the layer splits of the candidates the search priced."""
+
+    name = "splits"
+
+    def __init__(self) -> None:
+        self.splits: set[str] = set()
+
+    def open(self, directory) -> None:
+        pass
+
+    def memory(self, candidate, parts) -> None:
+        self.splits.add(candidate["split"])
+
+    def time(self, candidate, parts) -> None:
+        pass
+
+    def refusal(self, candidate, reason) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def test_the_search_offers_the_balanced_split_and_prices_it_as_placed(planner: Planner) -> None:
     """Llama 3 8B on 16 H100 at pp 16: the balanced split is a candidate of its own beside
     the even one, with the head weighed as the cost model prices it; the plan carries its
-    layer counts, and it is faster, being priced on the stages it places."""
+    layer counts, and it is faster, being priced on the stages it places. The ranking
+    holds the layout once, at that faster split: the even one is priced and dropped."""
     model = planner.model("llama-3-8b")
     job = Job(global_batch_size=64, seq_length=8192)
     ctx = planner.context(model, planner.device("h100"), 16, job)
     space = SearchSpace(pp=(16,), vpp=(1,), tp=(1,), mbs=(1,), recompute=("full",))
-    found = planner.search(ctx, space, top_k=10)
-    by_split = {cand["split"]: priced for cand, priced in found.ranking}
-    assert set(by_split) == {"even", "balanced"}
-    assert found.ranking[0][0]["split"] == "balanced"
+    sink = SplitsPriced()
+    found = planner.search(ctx, space, top_k=10, sinks=[sink])
+    assert sink.splits == {"even", "balanced"}
+    assert [cand["split"] for cand, _ in found.ranking] == ["balanced"] * len(found.ranking)
     best = found.result.plans[0]
     even_layout = best.layout.model_copy(update={"layers_per_stage": None})
     head = planner.pricer(ctx).head_weight(even_layout)
@@ -186,8 +211,7 @@ def test_an_fp8_head_is_balanced_where_its_flops_alone_would_not_be(planner: Pla
     ctx = planner.context(model, planner.device("gb300"), 64, job)
     space = SearchSpace(tp=(1,), pp=(4,), vpp=(5,), mbs=(1,), zero=(1,))
     found = planner.search(ctx, space, top_k=5)
-    splits = {cand["split"]: priced for cand, priced in found.ranking}
-    assert set(splits) == {"even", "balanced"}
+    assert found.ranking[0][0]["split"] == "balanced"
     best = found.result.plans[0]
     assert best.layout.layers_per_stage is not None
     per_stage = [sum(best.layout.layers_per_stage[s::4]) for s in range(4)]
