@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ndplan.adapters.sinks.files import NullSink
 from ndplan.core.context import MIN_BALANCE_GAIN, balanced_split, default_split, place_layers
 from ndplan.core.counting import count_flops
 from ndplan.core.job import Job
@@ -85,7 +86,7 @@ def test_no_balanced_split_where_it_cannot_apply_or_gains_too_little(planner: Pl
     assert balanced_split(planner.model("llama-3.1-405b"), 8192, 2, 1) is None
 
 
-class SplitsPriced:
+class SplitsPriced(NullSink):
     """A debug sink noting the layer splits of the candidates the search priced."""
 
     name = "splits"
@@ -93,20 +94,8 @@ class SplitsPriced:
     def __init__(self) -> None:
         self.splits: set[str] = set()
 
-    def open(self, directory) -> None:
-        pass
-
     def memory(self, candidate, parts) -> None:
         self.splits.add(candidate["split"])
-
-    def time(self, candidate, parts) -> None:
-        pass
-
-    def refusal(self, candidate, reason) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def test_the_search_offers_the_balanced_split_and_prices_it_as_placed(planner: Planner) -> None:
