@@ -591,8 +591,8 @@ def search_cmd(
             "--balance-layers/--even-layers",
             help="Also try each pipeline with the last stage lighter by the output layer's "
             "work (uneven layer counts: Megatron's pipeline layout, MindFormers offset, "
-            "torchtitan's manual split), or keep layers even [default: balance where the "
-            "framework allows].",
+            "torchtitan's manual split), each layout ranked at its faster split, or keep "
+            "layers even [default: balance where the framework allows].",
             show_default=False,
         ),
     ] = None,
