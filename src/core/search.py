@@ -156,7 +156,7 @@ def layout_of(c: Candidate) -> tuple[int, ...]:
     """A candidate without its layer split: the layout a user configures. Its splits are
     ways to place that layout's layers, chosen per layout as its recompute is, so the
     ranking holds each layout once, at its fastest split."""
-    return c[:-1]
+    return c[:-1]  # the split is a candidate's last field (FIELDS)
 
 
 def candidate_dict(c: Candidate) -> dict[str, Any]:
