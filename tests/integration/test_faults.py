@@ -153,17 +153,24 @@ def search_with_plugin(plugin: str, jobs: str, ranking: Path) -> tuple[int, str,
     return proc.returncode, err, pids
 
 
+def plugin_failure(plugin: str, jobs: str, tmp_path: Path) -> tuple[str, list[int]]:
+    """``search_with_plugin`` where the plugin's fault must end the run: exit 4, no
+    ranking written; its one stderr line and the processes it started."""
+    out = tmp_path / "out"
+    code, err, pids = search_with_plugin(plugin, jobs, out / "r.csv")
+    assert code == 4, err
+    line = one_line(err)
+    assert_no_output(out)
+    return line, pids
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("jobs", ["1", "2"])
 def test_plugin_raising_on_a_candidate_exits_4_naming_it(jobs: str, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    code, err, pids = search_with_plugin("faulty_cost", jobs, out / "r.csv")
-    assert code == 4, err
-    line = one_line(err)
+    line, pids = plugin_failure("faulty_cost", jobs, tmp_path)
     assert "candidate tp=2 " in line and " cp=2 " in line
     assert "plugin 'faulty_cost' raised RuntimeError: faulty_cost refuses tp 2 with cp 2" in line
     assert_all_gone(pids)
-    assert_no_output(out)
 
 
 # --------------------------------------------------------------- a worker killed
@@ -343,16 +350,12 @@ def test_a_plugins_cost_model_is_checked_and_ndplans_own_is_not(faulty) -> None:
 def test_a_memory_models_nan_is_the_plugins_error(jobs: str, tmp_path: Path) -> None:
     # Unchecked, the NaN activations of full recompute compared false with the budget and
     # the search ranked plans as if nothing were wrong (exit 0).
-    out = tmp_path / "out"
-    code, err, _ = search_with_plugin("nan_memory", jobs, out / "r.csv")
-    assert code == 4, err
-    line = one_line(err)
+    line, _ = plugin_failure("nan_memory", jobs, tmp_path)
     assert line.endswith(
         ": plugin 'nan_memory': memory model NanMemoryModel: layer_activation_bytes returned "
         "nan for layer kind 'attn+dense' under recompute full; it must be a finite number of "
         "bytes ≥ 0"
     ), line
-    assert_no_output(out)
 
 
 def test_a_plugins_memory_model_is_checked_and_ndplans_own_is_not() -> None:
