@@ -255,6 +255,7 @@ SHARED_FIELDS = (
     ("scale_out_bus", 0.3, 0.95),
     ("gemm_half_gflop", 0.0, 40.0),
     ("grouped_gemm_half_gflop", 0.0, 40.0),
+    ("grouped_gemm_saturation_tokens", 256.0, 65536.0),
     ("grouped_gemm_low_precision_ratio", 0.3, 1.0),
     ("kernel_launch_us", 0.0, 40.0),
     ("moe_layer_overhead_us", 0.0, 3000.0),
@@ -294,6 +295,10 @@ PRIORS: dict[str, Prior] = {
     # expert GEMMs are thinner and carry routing and permutation around them.
     "gemm_half_gflop": Prior(5.0, 4.0),
     "grouped_gemm_half_gflop": Prior(15.0, 15.0),
+    # An expert's grouped GEMM fills the device's 132-160 SMs with 128-row tiles once it
+    # holds some thousands of tokens (a thin expert has few column tiles, and its group
+    # runs several experts at once). Broad: the rows place it.
+    "grouped_gemm_saturation_tokens": Prior(8192.0, 32768.0),
     # Grouped expert GEMMs against one large GEMM at the same recipe: grouped-GEMM
     # kernels reach roughly 0.6-0.9 of the dense rate on thin per-expert shapes.
     "grouped_gemm_low_precision_ratio": Prior(0.75, 0.2),
@@ -480,6 +485,7 @@ class CalibrationSpace:
 
 MOE_ONLY_PARAMETERS = (
     "shared.grouped_gemm_half_gflop",
+    "shared.grouped_gemm_saturation_tokens",
     "shared.grouped_gemm_low_precision_ratio",
     "shared.moe_layer_overhead_us",
     "overlap.megatron.ep",

@@ -51,6 +51,11 @@ class DeviceEfficiency(Frozen):
     grouped_gemm_half_gflop: float = Field(default=4.0, ge=0)
     """The same knee for the grouped GEMMs of routed experts (one small GEMM per expert,
     plus the routing and permutation around them)."""
+    grouped_gemm_saturation_tokens: float = Field(default=65536.0, gt=0)
+    """Tokens per expert past which a routed expert's GEMM gains no more rate: its tiles
+    already fill the device, so more tokens add tiles at the rate its weight's shape
+    (k × n) allows, and the grouped knee sees at most this many tokens. The default is
+    past every expert's tokens in the measured runs: no cap."""
     attention: float = Field(default=0.45, gt=0, le=1)
     """Fraction of the bf16 peak the flash-attention kernels reach on long sequences
     (forward and backward); a call over L keys reaches ``L / (L + 460)`` of it

@@ -441,6 +441,7 @@ def test_dense_rows_fit_the_shared_kernels_and_moe_rows_only_what_moe_layers_rea
         ), (
             cal.default.moe_layer_overhead_us,
             cal.default.grouped_gemm_half_gflop,
+            cal.default.grouped_gemm_saturation_tokens,
             cal.default.grouped_gemm_low_precision_ratio,
             cal.overlap_for("megatron").ep,
         )

@@ -1077,6 +1077,30 @@ def test_grouped_gemms_use_their_own_knee() -> None:
     )
 
 
+def test_grouped_gemms_stop_gaining_rate_past_the_saturation_tokens() -> None:
+    """Below ``grouped_gemm_saturation_tokens`` an expert's GEMM ramps with its size as
+    before; past it the rate stays where it got, so time grows in proportion to tokens.
+    A dense GEMM of the same size keeps ramping."""
+    fit = {"gemm": 0.8, "gemm_half_gflop": 1.0, "grouped_gemm_half_gflop": 1.0, "hbm": 1.0}
+    ctx, cm = gemm_ctx(**fit, grouped_gemm_saturation_tokens=1000.0)
+    k = n = 1000  # 2 GFLOP per 1,000 tokens
+    at_cap = cm._gemm_s(ctx, 1000, k, n, count=4, grouped=True)
+    assert at_cap == pytest.approx(4 * 2e9 / (989.4e12 * 0.8 * 2 / 3), rel=1e-12)
+    below = cm._gemm_s(ctx, 500, k, n, count=4, grouped=True)
+    assert below == pytest.approx(4 * 1e9 / (989.4e12 * 0.4), rel=1e-12)
+    for tokens in (2000, 8000):
+        assert cm._gemm_s(ctx, tokens, k, n, count=4, grouped=True) == pytest.approx(
+            at_cap * tokens / 1000, rel=1e-12
+        )
+    dense = cm._gemm_s(ctx, 8000, k, n)
+    assert dense == pytest.approx(16e9 / (989.4e12 * 0.8 * 16 / 17), rel=1e-12)
+    # Without the cap (the default), the grouped GEMM keeps ramping as the dense one does.
+    ctx, uncapped = gemm_ctx(**fit)
+    assert uncapped._gemm_s(ctx, 8000, k, n, count=4, grouped=True) == pytest.approx(
+        4 * dense, rel=1e-12
+    )
+
+
 def test_skinny_gemm_is_memory_bound() -> None:
     ctx, cm = gemm_ctx(hbm=0.75)
     m, k, n = 1, 8192, 8192
