@@ -634,6 +634,12 @@ def test_a_head_weighing_failure_in_the_enumeration_is_named(planner) -> None:
 
 # ----------------------------------------------------------------------------- accounting
 
+
+def layout_key(candidate: dict) -> tuple:
+    """A priced candidate as the ranking counts it: its layout, whatever its layer split."""
+    return tuple(sorted((k, v) for k, v in candidate.items() if k != "split"))
+
+
 ACCOUNTING = [
     # model, devices, gbs, seq, max-mem, space, bounding
     ("llama-3-8b", 8, 32, 4096, 30, SearchSpace(recompute=("auto",)), True),
@@ -674,14 +680,15 @@ def test_every_generated_candidate_is_accounted_for_once(
     assert len({tuple(sorted(c.items())) for c in memory_rows}) == s.priced
     ranked = {tuple(sorted(d.items())) for d, _ in outcome.ranking}
     assert ranked <= {tuple(sorted(c.items())) for c in memory_rows}
-    layout = lambda c: tuple(sorted((k, v) for k, v in c.items() if k != "split"))  # noqa: E731
-    assert len(outcome.ranking) == len({layout(c) for c in memory_rows})
+    assert len(outcome.ranking) == len({layout_key(c) for c in memory_rows})
     by_candidate = {
-        (layout(c), c["split"]): parts["step"] for kind, c, parts in rec.records if kind == "time"
+        (layout_key(c), c["split"]): parts["step"]
+        for kind, c, parts in rec.records
+        if kind == "time"
     }
     for d, p in outcome.ranking:  # the ranked split is its layout's fastest
-        splits = [c for c in memory_rows if layout(c) == layout(d)]
-        assert all(by_candidate[layout(c), c["split"]] >= p.step_s for c in splits)
+        splits = [c for c in memory_rows if layout_key(c) == layout_key(d)]
+        assert all(by_candidate[layout_key(c), c["split"]] >= p.step_s for c in splits)
 
 
 # ----------------------------------------------------------------------------- ranking
@@ -1009,16 +1016,13 @@ def test_a_third_party_debug_sink_receives_what_the_builtin_sinks_write(
     # Memory parts sum to the peak, on the peak stage; time parts carry the step. A priced
     # layer split that is not ranked is slower than the one of its layout that is.
     kept = {tuple(sorted(d.items())): p for d, p in outcome.ranking}
-    by_layout = {
-        tuple(sorted((k, v) for k, v in d.items() if k != "split")): p for d, p in outcome.ranking
-    }
+    by_layout = {layout_key(d): p for d, p in outcome.ranking}
     dropped = 0
     for kind, c, parts in records:
         p = kept.get(tuple(sorted(c.items())))
         if kind in ("memory", "time") and p is None:
             dropped += kind == "time"
-            layout = tuple(sorted((k, v) for k, v in c.items() if k != "split"))
-            assert kind == "memory" or parts["step"] >= by_layout[layout].step_s
+            assert kind == "memory" or parts["step"] >= by_layout[layout_key(c)].step_s
         elif kind == "memory":
             assert parts["total"] == p.peak_bytes and parts["stage"] == p.peak_stage
             assert sum(v for k, v in parts.items() if k not in ("total", "stage")) == p.peak_bytes
