@@ -72,6 +72,9 @@ class RowResult:
     parts: dict[str, float] = field(default_factory=dict)
     release: str = ""
     precision: str = ""
+    tp: int = 1
+    pipeline: str = "none"
+    """How the row pipelines: ``none`` (pp 1) or its schedule."""
 
     @property
     def error(self) -> float:
@@ -141,6 +144,8 @@ def price_case(planner: Planner, case: RunCase, calibration: Calibration) -> Row
         parts=dict(priced.time.parts),
         release=case.release,
         precision=case.job.precision,
+        tp=layout.tp,
+        pipeline="none" if layout.pp == 1 else layout.schedule,
     )
 
 

@@ -48,7 +48,8 @@ STATS_COLUMNS = [
 
 def summary_sections(results: list[RowResult]) -> dict[str, list[tuple[str, ErrorStats]]]:
     """The statistics compare prints: by split and model type, source, hardware, family,
-    family and precision."""
+    family and precision, and by the layout's shape (TP degree, pipeline schedule, and
+    for MoE rows the predicted EP share of the step)."""
     clean = [r for r in results if not r.check]
     sections: dict[str, list[tuple[str, ErrorStats]]] = {}
     overall = []
@@ -69,16 +70,65 @@ def summary_sections(results: list[RowResult]) -> dict[str, list[tuple[str, Erro
     for name, key in (
         ("source", lambda r: r.source),
         ("hardware", lambda r: r.hardware),
-        ("family", lambda r: f"{r.family} ({'MoE' if r.moe else 'dense'})"),
+        ("family", lambda r: f"{r.family} ({_kind(r)})"),
         # One family's bias can differ by precision (the kernels differ): a bias the family
         # figure averages away shows here.
         (
             "family and precision",
-            lambda r: f"{r.family} · {r.precision} ({'MoE' if r.moe else 'dense'})",
+            lambda r: f"{r.family} · {r.precision} ({_kind(r)})",
         ),
     ):
         sections[name] = [(g.key, g.stats) for g in group_stats(clean, key, name)]
+    # The layout's shape: the search ranks shapes against one another, so a bias that
+    # grows with TP, with pipelining or with EP traffic moves its ranking even where the
+    # per-row error is small; the signed median shows which way.
+    for name, label, order, rows in (
+        (
+            "tensor-parallel degree",
+            lambda r: f"tp {r.tp} ({_kind(r)})",
+            lambda r: (r.moe, r.tp),
+            clean,
+        ),
+        (
+            "pipeline schedule",
+            lambda r: f"{PIPELINE_LABELS[r.pipeline]} ({_kind(r)})",
+            lambda r: (r.moe, list(PIPELINE_LABELS).index(r.pipeline)),
+            clean,
+        ),
+        (
+            "predicted EP share of the step (MoE)",
+            lambda r: EP_SHARE_BUCKETS[_ep_bucket(r)],
+            _ep_bucket,
+            [r for r in clean if r.moe],
+        ),
+    ):
+        rank = {label(r): order(r) for r in rows}
+        stats = group_stats(rows, label, name)
+        sections[name] = sorted(((g.key, g.stats) for g in stats), key=lambda g: rank[g[0]])
     return sections
+
+
+PIPELINE_LABELS = {
+    "none": "no pipeline",
+    "1f1b": "1F1B",
+    "gpipe": "GPipe",
+    "interleaved": "interleaved 1F1B",
+    "dualpipev": "DualPipeV",
+}
+
+EP_SHARE_BUCKETS = ("no EP traffic", "EP under 5 % of the step", "EP 5-10 %", "EP 10 % or more")
+"""Bands of the predicted step's exposed EP traffic share (MoE rows)."""
+
+
+def _kind(r: RowResult) -> str:
+    return "MoE" if r.moe else "dense"
+
+
+def _ep_bucket(r: RowResult) -> int:
+    share = r.parts.get("ep_comm", 0.0) / r.predicted_s
+    if share <= 0.0:
+        return 0
+    return 1 if share < 0.05 else 2 if share < 0.10 else 3
 
 
 def no_row_priced(runs: Path, rows: str, table_rows: list, skips: list) -> str:
@@ -327,6 +377,9 @@ def _row_json(r: RowResult) -> dict:
         "hardware": r.hardware,
         "precision": r.precision,
         "moe": r.moe,
+        "layout": r.layout,
+        "tp": r.tp,
+        "pipeline": r.pipeline,
         "measured_step_s": r.measured_s,
         "predicted_step_s": r.predicted_s,
         "error": r.error,

@@ -25,6 +25,7 @@ import pytest
 from ndplan.adapters.devices.calibration import load_calibration, shipped_calibration
 from ndplan.cli import output
 from ndplan.cli.app import run
+from ndplan.cli.compare import EP_SHARE_BUCKETS
 from ndplan.core.calibration import Calibration
 from ndplan.core.errors import ExitCode
 from ndplan.validation import fit_calibration
@@ -143,6 +144,9 @@ def test_compare_prices_every_row_that_states_enough(compare_all: dict) -> None:
         "hardware",
         "family",
         "family and precision",
+        "tensor-parallel degree",
+        "pipeline schedule",
+        "predicted EP share of the step (MoE)",
     }
     # Each clean row falls in one family-and-precision group, named by what it ran.
     by_precision = compare_all["summary"]["family and precision"]
@@ -151,6 +155,26 @@ def test_compare_prices_every_row_that_states_enough(compare_all: dict) -> None:
     for r in clean:
         label = f"{r['family']} · {r['precision']} ({'MoE' if r['moe'] else 'dense'})"
         assert label in {g["group"] for g in by_precision}, label
+    # ... and in one group of each layout-shape section: its TP degree, its pipeline
+    # schedule and, for MoE rows, its band of predicted EP share.
+    summary = compare_all["summary"]
+    for section, rows_in in (
+        ("tensor-parallel degree", clean),
+        ("pipeline schedule", clean),
+        ("predicted EP share of the step (MoE)", [r for r in clean if r["moe"]]),
+    ):
+        assert sum(g["rows"] for g in summary[section]) == len(rows_in), section
+    tp_groups = {g["group"] for g in summary["tensor-parallel degree"]}
+    for r in clean:
+        assert f"tp {r['tp']} ({'MoE' if r['moe'] else 'dense'})" in tp_groups
+        assert r["layout"].startswith(f"tp{r['tp']} ")
+        assert (r["pipeline"] == "none") == (" pp1 " in r["layout"])
+    assert [g["group"] for g in summary["tensor-parallel degree"]][:2] == [
+        "tp 1 (dense)",
+        "tp 2 (dense)",
+    ]
+    ep_bands = [g["group"] for g in summary["predicted EP share of the step (MoE)"]]
+    assert ep_bands == sorted(ep_bands, key=EP_SHARE_BUCKETS.index)
     assert compare_all["memory"] and compare_all["ranking"]
 
 
