@@ -13,6 +13,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -194,12 +195,22 @@ class GroupStats:
 
 
 def group_stats(
-    results: Sequence[RowResult], key: Callable[[RowResult], str], name: str
+    results: Sequence[RowResult],
+    key: Callable[[RowResult], str],
+    name: str,
+    order: Callable[[RowResult], Any] | None = None,
 ) -> list[GroupStats]:
+    """The error statistics of each group of rows, in the order of ``order`` (a row's sort
+    key; the groups' names when None)."""
     groups: dict[str, list[float]] = defaultdict(list)
+    rank: dict[str, Any] = {}
     for r in results:
-        groups[key(r)].append(r.error)
-    return [GroupStats(name, k, ErrorStats.of(v)) for k, v in sorted(groups.items())]
+        group = key(r)
+        groups[group].append(r.error)
+        if order is not None:
+            rank.setdefault(group, order(r))
+    names = sorted(groups, key=rank.__getitem__) if order is not None else sorted(groups)
+    return [GroupStats(name, g, ErrorStats.of(groups[g])) for g in names]
 
 
 def ranking_groups(results: Sequence[RowResult]) -> list[dict]:

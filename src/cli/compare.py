@@ -67,22 +67,17 @@ def summary_sections(results: list[RowResult]) -> dict[str, list[tuple[str, Erro
     if checks:
         overall.append(("CHECK rows (source contradicts itself)", ErrorStats.of(checks)))
     sections["overall"] = overall
-    for name, key in (
-        ("source", lambda r: r.source),
-        ("hardware", lambda r: r.hardware),
-        ("family", lambda r: f"{r.family} ({_kind(r)})"),
+    moe_rows = [r for r in clean if r.moe]
+    for name, key, order, rows in (
+        ("source", lambda r: r.source, None, clean),
+        ("hardware", lambda r: r.hardware, None, clean),
+        ("family", lambda r: f"{r.family} ({_kind(r)})", None, clean),
         # One family's bias can differ by precision (the kernels differ): a bias the family
         # figure averages away shows here.
-        (
-            "family and precision",
-            lambda r: f"{r.family} · {r.precision} ({_kind(r)})",
-        ),
-    ):
-        sections[name] = [(g.key, g.stats) for g in group_stats(clean, key, name)]
-    # The layout's shape: the search ranks shapes against one another, so a bias that
-    # grows with TP, with pipelining or with EP traffic moves its ranking even where the
-    # per-row error is small; the signed median shows which way.
-    for name, label, order, rows in (
+        ("family and precision", lambda r: f"{r.family} · {r.precision} ({_kind(r)})", None, clean),
+        # The layout's shape: the search ranks shapes against one another, so a bias that
+        # grows with TP, with pipelining or with EP traffic moves its ranking even where the
+        # per-row error is small; the signed median shows which way.
         (
             "tensor-parallel degree",
             lambda r: f"tp {r.tp} ({_kind(r)})",
@@ -99,12 +94,10 @@ def summary_sections(results: list[RowResult]) -> dict[str, list[tuple[str, Erro
             "predicted EP share of the step (MoE)",
             lambda r: EP_SHARE_BUCKETS[_ep_bucket(r)],
             _ep_bucket,
-            [r for r in clean if r.moe],
+            moe_rows,
         ),
     ):
-        rank = {label(r): order(r) for r in rows}
-        stats = group_stats(rows, label, name)
-        sections[name] = sorted(((g.key, g.stats) for g in stats), key=lambda g: rank[g[0]])
+        sections[name] = [(g.key, g.stats) for g in group_stats(rows, key, name, order)]
     return sections
 
 
