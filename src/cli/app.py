@@ -157,11 +157,16 @@ def _interrupted(exc: BaseException) -> bool:
     return False
 
 
+DIMENSION_WORD = re.compile(r"[A-Za-z]+(,[A-Za-z]+)*")
+"""A word -l/--vary folds: a name or a comma list of names (not a path or a number)."""
+
+
 def join_vary_words(argv: list[str]) -> list[str]:
     """``-l TP PP CP`` as users type it: fold the dimension names that follow -l/--vary
-    into one value (click options take one word each)."""
-    from ndplan.core.layout import DIMENSIONS
-
+    into one value (click options take one word each). Every name-like word is folded,
+    known or not: ``search`` takes no positional argument, so a misspelt dimension
+    (``-l TP PP OFLOAD``) meets the unknown-dimension error that names the choices,
+    not click's "unexpected extra argument"."""
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -169,7 +174,7 @@ def join_vary_words(argv: list[str]) -> list[str]:
         if argv[i] in ("-l", "--vary") and i + 1 < len(argv):
             words = [argv[i + 1]]
             i += 2
-            while i < len(argv) and argv[i].upper() in DIMENSIONS:
+            while i < len(argv) and DIMENSION_WORD.fullmatch(argv[i]):
                 words.append(argv[i])
                 i += 1
             out.append(",".join(words))

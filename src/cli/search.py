@@ -159,7 +159,8 @@ def parse_vary(values: list[str] | None) -> set[str] | None:
             name = token.upper()
             if name not in DIMENSIONS:
                 raise InvalidInputError(
-                    f"-l/--vary: unknown dimension '{token}'; use {' '.join(DIMENSIONS)}"
+                    f"-l/--vary: unknown dimension '{token}'{did_you_mean(token, DIMENSIONS)} "
+                    f"(use {' '.join(DIMENSIONS)})"
                 )
             dims.add(name)
     return dims

@@ -313,13 +313,21 @@ def test_vary_names_the_dimensions_searched(capsys, tmp_path: Path, vary) -> Non
 
 def test_vary_takes_the_dimension_names_that_follow_it(capsys) -> None:
     """``-l TP PP`` as typed: the names after -l are folded into one value (click options
-    take one word); the first word that is not a dimension ends the list, an unknown
-    name inside a value is exit 3 naming it."""
+    take one word); the first word that is not a name (an option, a path) ends the list,
+    and an unknown name is exit 3 naming it."""
     code, out, err = invoke(capsys, "search", *SMALL, "-l", "TP", "PP", "--json")
     assert code == 0, err
     assert {p["layout"]["cp"] for p in json.loads(out)["plans"]} == {1}  # CP not varied
     code, _, err = invoke(capsys, "search", *SMALL, "-l", "TP,XX")
     assert code == 3 and "XX" in one_error_line(err)
+    # A misspelt name after the first is folded too: the same named error, with the
+    # closest dimension, not click's "unexpected extra argument" (exit 2).
+    code, _, err = invoke(capsys, "search", *SMALL, "-l", "TP", "PP", "OFLOAD")
+    line = one_error_line(err)
+    assert code == 3 and "'OFLOAD'" in line and "did you mean OFFLOAD" in line
+    # A path after the names is not a dimension: click refuses it as the stray word it is.
+    code, _, _ = invoke(capsys, "search", *SMALL, "-l", "TP", "space.yaml")
+    assert code == 2
 
 
 def test_a_fixed_degree_is_the_only_value_searched(capsys, tmp_path: Path) -> None:
