@@ -159,6 +159,7 @@ class _LayerOps:
     each recompute switch re-runs; started from another's (the mixer's) to go on."""
 
     __slots__ = (
+        "accumulate_bytes",
         "backward_gemms",
         "cast",
         "ctx",
@@ -186,6 +187,8 @@ class _LayerOps:
         self.lp = job.is_low_precision
         # Frozen weights (LoRA) need no weight-gradient GEMM: the backward is dgrad only.
         self.backward_gemms = 1.0 if job.finetune == "lora" else 2.0
+        # The gradient buffer a weight gradient is added into: read and written.
+        self.accumulate_bytes = 2.0 * job.grad_reduce_bytes
         # Quantise a linear input: read bf16, write its fp8 layouts (one where the
         # tensor cores take per-tensor fp8 in any layout, else rowwise and columnwise).
         self.cast = (
@@ -215,6 +218,25 @@ class _LayerOps:
         fwd = model._gemm_s(
             ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed, fused=fused
         )
+        # The backward runs the input gradient (as long as the forward) and, unless the
+        # weights are frozen, the weight gradient, which also reads and writes the
+        # gradient buffer it accumulates into every micro-batch: past the forward's time
+        # where that traffic outweighs its FLOPs (many local experts, few tokens each).
+        wgrad_excess = 0.0
+        if self.backward_gemms > 1:
+            wgrad = model._gemm_s(
+                ctx,
+                m,
+                k,
+                nn,
+                count,
+                low_precision,
+                grouped=count > 1,
+                routed=routed,
+                fused=fused,
+                accumulate_bytes=self.accumulate_bytes,
+            )
+            wgrad_excess = max(0.0, wgrad - fwd)
         if (low_precision is None and self.lp) or low_precision:
             # A column-parallel input that arrives through the SP all-gather is quantised
             # on the rank's own shard before the gather (Transformer Engine), so the cast
@@ -228,14 +250,15 @@ class _LayerOps:
             rec_flops[sw] = rec_flops.get(sw, 0.0) + f
         bwd_gemms = self.backward_gemms
         if recomputed_share is None:
-            self.ops.append(Op(name, fwd, bwd_gemms * fwd, frozenset(switches), kernels=2))
+            bwd = bwd_gemms * fwd + wgrad_excess
+            self.ops.append(Op(name, fwd, bwd, frozenset(switches), kernels=2))
             return
         share, extra = recomputed_share
         kept, part = fwd * (1 - share), fwd * share
-        self.ops.append(Op(name, kept, bwd_gemms * kept, frozenset(switches), kernels=1))
-        self.ops.append(
-            Op(name + "_part", part, bwd_gemms * part, frozenset({*switches, extra}), 1)
-        )
+        kept_bwd = bwd_gemms * kept + wgrad_excess * (1 - share)
+        self.ops.append(Op(name, kept, kept_bwd, frozenset(switches), kernels=1))
+        part_bwd = bwd_gemms * part + wgrad_excess * share
+        self.ops.append(Op(name + "_part", part, part_bwd, frozenset({*switches, extra}), 1))
         if extra not in switches:
             rec_flops[extra] = rec_flops.get(extra, 0.0) + f * share
 
@@ -387,9 +410,12 @@ class NdplanCostModel:
         grouped: bool = False,
         routed: bool = False,
         fused: bool = False,
+        accumulate_bytes: float = 0.0,
     ) -> float:
         """``count`` GEMMs of m×k by k×n: compute at a size-dependent efficiency, or the
-        memory roofline, whichever is slower. ``fused``: the count run as one persistent
+        memory roofline, whichever is slower. ``accumulate_bytes``: the same GEMM's weight
+        gradient instead (its k×n result added into the gradient buffer, read and written
+        at that many bytes an element; its m×k and m×n operands read). ``fused``: the count run as one persistent
         kernel (the fused grouped MLP), which runs as one dense GEMM of their whole size
         does: the dense knee and the dense fraction of peak. (What holds unfused grouped
         GEMMs below the dense fraction, each expert's own tail wave and the host-split
@@ -428,7 +454,10 @@ class NdplanCostModel:
         efficiency = top * size / (size + half) if half > 0 else top
         compute = flops / (peak * efficiency)
         element = 1.0 if lp else 2.0
-        memory = (m * k + k * n) * element + m * n * ACTIVATION_BYTES
+        if accumulate_bytes:
+            memory = (m * k + m * n) * element + k * n * accumulate_bytes
+        else:
+            memory = (m * k + k * n) * element + m * n * ACTIVATION_BYTES
         bound = memory / (ctx.device.hbm_bytes_per_s * eff.hbm)
         return count * max(compute, bound)
 

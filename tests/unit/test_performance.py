@@ -1113,6 +1113,57 @@ def test_skinny_gemm_is_memory_bound() -> None:
     assert compute < got
 
 
+def test_weight_gradient_reads_and_writes_the_gradient_buffer() -> None:
+    """``accumulate_bytes``: the GEMM is a weight gradient, its k×n result added into the
+    gradient buffer (read and written at that many bytes an element) and its m×k, m×n
+    operands read. Few tokens against a large weight make it memory-bound on that
+    buffer; many tokens leave it compute-bound, as long as the forward."""
+    ctx, cm = gemm_ctx(gemm=0.8, gemm_half_gflop=0.0, hbm=0.75)
+    k, n = 4096, 3072
+    few = 256  # 0.5 FLOP per buffer byte at 4 B read + 4 B written an element
+    buffer = ((few * k + few * n) * 2 + k * n * 8) / (3350e9 * 0.75)
+    assert cm._gemm_s(ctx, few, k, n, count=8, accumulate_bytes=8) == pytest.approx(
+        8 * buffer, rel=1e-12
+    )
+    assert 8 * buffer > cm._gemm_s(ctx, few, k, n, count=8)
+    many = 16384
+    forward = cm._gemm_s(ctx, many, k, n)
+    assert cm._gemm_s(ctx, many, k, n, accumulate_bytes=8) == pytest.approx(forward, rel=1e-12)
+
+
+def expert_ops(layout: Layout, **job) -> dict[str, Op]:
+    """The routed experts' GEMM ops of ``moe_model``'s MoE layer (16 experts, top 2)."""
+    ctx = make_ctx(layout, moe_model(), seq=1024, **job)
+    cost = NdplanCostModel().layer_cost(ctx, layout, MOE)
+    return {op.name: op for op in cost.ops if op.name in ("expert_fc1", "expert_fc2")}
+
+
+def test_many_local_experts_with_few_tokens_pay_their_gradient_traffic() -> None:
+    """Every micro-batch adds each local expert's weight gradient into the gradient
+    buffer: with all 16 experts on one rank and 128 tokens each, that traffic outweighs
+    the weight-gradient FLOPs and the backward runs past twice the forward; spread over
+    16 ranks (EP 16, 2,048 tokens each) it does not. A bf16 buffer moves half an fp32
+    one's bytes; frozen weights (LoRA) run no weight gradient."""
+    alone = expert_ops(Layout(dp=16, mbs=1, num_microbatches=4), moe_fused_grouped_mlp=True)
+    assert len(alone) == 2 and all(op.backward_s > 2 * op.forward_s for op in alone.values())
+    spread = expert_ops(Layout(dp=16, ep=16, mbs=1, num_microbatches=4), moe_fused_grouped_mlp=True)
+    for op in spread.values():
+        assert op.backward_s == pytest.approx(2 * op.forward_s, rel=1e-12)
+    half = expert_ops(
+        Layout(dp=16, mbs=1, num_microbatches=4),
+        moe_fused_grouped_mlp=True,
+        grad_reduce_dtype="bf16",
+    )
+    for name, op in alone.items():
+        excess = op.backward_s - 2 * op.forward_s
+        assert 0 < half[name].backward_s - 2 * half[name].forward_s < excess
+    frozen = expert_ops(
+        Layout(dp=16, mbs=1, num_microbatches=4), moe_fused_grouped_mlp=True, finetune="lora"
+    )
+    for op in frozen.values():
+        assert op.backward_s == pytest.approx(op.forward_s, rel=1e-12)
+
+
 def test_low_precision_gemm_uses_the_fp8_peak() -> None:
     m = k = n = 8192
     flops = 2.0 * m * k * n
