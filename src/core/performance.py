@@ -415,9 +415,10 @@ class NdplanCostModel:
         """``count`` GEMMs of m×k by k×n: compute at a size-dependent efficiency, or the
         memory roofline, whichever is slower. ``accumulate_bytes``: the same GEMM's weight
         gradient instead (its k×n result added into the gradient buffer, read and written
-        at that many bytes an element; its m×k and m×n operands read). ``fused``: the count run as one persistent
-        kernel (the fused grouped MLP), which runs as one dense GEMM of their whole size
-        does: the dense knee and the dense fraction of peak. (What holds unfused grouped
+        at that many bytes an element; its m×k and m×n operands read). ``fused``: the
+        count run as one persistent kernel (the fused grouped MLP), which runs as one
+        dense GEMM of their whole size does: the dense knee and the dense fraction of
+        peak. (What holds unfused grouped
         GEMMs below the dense fraction, each expert's own tail wave and the host-split
         launches, the persistent kernel does not have.)
 
