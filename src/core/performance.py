@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from .calibration import Calibration, DeviceEfficiency, Overlap
 from .collectives import (
@@ -215,28 +216,18 @@ class _LayerOps:
         """One GEMM op; ``recomputed_share`` (share, switch): that share of it (a fused
         projection's part) is recomputed under one more switch."""
         model, ctx = self.model, self.ctx
-        fwd = model._gemm_s(
-            ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed, fused=fused
-        )
+        shaped = partial(
+            model._gemm_s,
+            ctx, m, k, nn, count, low_precision, grouped=count > 1, routed=routed, fused=fused,
+        )  # fmt: skip
+        fwd = shaped()
         # The backward runs the input gradient (as long as the forward) and, unless the
         # weights are frozen, the weight gradient, which also reads and writes the
         # gradient buffer it accumulates into every micro-batch: past the forward's time
         # where that traffic outweighs its FLOPs (many local experts, few tokens each).
         wgrad_excess = 0.0
         if self.backward_gemms > 1:
-            wgrad = model._gemm_s(
-                ctx,
-                m,
-                k,
-                nn,
-                count,
-                low_precision,
-                grouped=count > 1,
-                routed=routed,
-                fused=fused,
-                accumulate_bytes=self.accumulate_bytes,
-            )
-            wgrad_excess = max(0.0, wgrad - fwd)
+            wgrad_excess = max(0.0, shaped(accumulate_bytes=self.accumulate_bytes) - fwd)
         if (low_precision is None and self.lp) or low_precision:
             # A column-parallel input that arrives through the SP all-gather is quantised
             # on the rank's own shard before the gather (Transformer Engine), so the cast
@@ -418,9 +409,8 @@ class NdplanCostModel:
         at that many bytes an element; its m×k and m×n operands read). ``fused``: the
         count run as one persistent kernel (the fused grouped MLP), which runs as one
         dense GEMM of their whole size does: the dense knee and the dense fraction of
-        peak. (What holds unfused grouped
-        GEMMs below the dense fraction, each expert's own tail wave and the host-split
-        launches, the persistent kernel does not have.)
+        peak. (What holds unfused grouped GEMMs below the dense fraction, each expert's
+        own tail wave and the host-split launches, the persistent kernel does not have.)
 
         Unfused grouped GEMMs ramp with each expert's own size (``grouped``: the knee is
         per expert GEMM, not per launch) and one local expert is one plain GEMM (the dense
