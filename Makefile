@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # numba's compiled kernels, shared by every target (`make clean` removes them).
 export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 
-.PHONY: demo test fuzz bench lint clean install calibrate bytecode
+.PHONY: demo test fuzz bench lint clean install calibrate holdout bytecode
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,11 @@ bench: bytecode
 # the test split reported by `make bench`).
 calibrate: $(STAMP)
 	$(BIN)/python -m benchmarks.calibrate
+
+# Leave-one-source-out: fit on every other source's even rows, price the one left out
+# (one fit per source, on every core; about 45 minutes on two). Writes docs/holdout.md.
+holdout: bytecode
+	$(BIN)/python -m benchmarks.holdout
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -116,7 +116,9 @@ def main(out: Path = OUT) -> dict:
         "long-sequence table) is priced at the fastest size that fits, as the search would choose it; "
         "and the expert TP where the row's EP reaches into the TP ranks, which TP's own expert TP "
         "cannot run: the experts fold, as the search folds them (Megatron-Bridge's Qwen3 235B at TP 2, "
-        "EP 32 on 16 data-parallel ranks, runs expert TP 1).",
+        "EP 32 on 16 data-parallel ranks, runs expert TP 1). The test rows share sources and releases "
+        "with the fit rows; [holdout.md](holdout.md) (`make holdout`) fits without each source in turn "
+        "and prices the source left out.",
         "",
         "## Headline (test rows)",
         "",
