@@ -6,9 +6,10 @@ runs like the ones it was fitted on. A run from elsewhere shares less. Here each
 is held out whole in turn: a calibration is fitted on the even rows of every other
 source, exactly as ``make calibrate`` fits the shipped one, and prices every row of the
 held-out source. Beside it, the same rows under the shipped calibration, which saw the
-source's even rows. Holding out Megatron-Bridge removes every Blackwell row and every MoE
-row with an even ``row_id``: Blackwell then prices from the datasheet at the fitted
-generations' mean efficiencies, and the routed experts from the priors.
+source's even rows. Holding out Megatron-Bridge removes every Blackwell Ultra row (GB300,
+B300: priced from the datasheet at the fitted generations' mean efficiencies; NeMo's B200
+and GB200 rows still fit Blackwell) and every MoE row with an even ``row_id`` (the routed
+experts' own parameters are then pulled by their priors alone).
 
 ``make holdout`` (about 45 minutes on two cores: one fit per source, in parallel) writes
 ``docs/holdout.md``.
