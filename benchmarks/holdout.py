@@ -18,7 +18,6 @@ experts' own parameters are then pulled by their priors alone).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -29,6 +28,8 @@ from ndplan.core.calibration import Calibration
 from ndplan.core.fitting import ErrorStats
 from ndplan.planner import Planner
 from ndplan.validation import compare, fit_calibration
+
+from .accuracy import _pct, _table
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "tests" / "data" / "shared" / "measured_runs.csv"
@@ -42,23 +43,17 @@ def _cases(planner: Planner) -> list[RunCase]:
     return [c for c in cases if not c.check]
 
 
-def held_out_errors(source: str) -> tuple[str, dict[int, float], float]:
+def held_out_errors(source: str) -> tuple[str, dict[int, float]]:
     """Fit on the even rows of every source but ``source``; the error of each of its rows
-    (by ``row_id``) under that fit, and the fit's seconds. Runs in a worker process."""
+    (by ``row_id``) under that fit. Runs in a worker process."""
     planner = Planner()
     cases = _cases(planner)
     train = [c for c in cases if c.source != source and c.row_id % 2 == 0]
-    start = time.perf_counter()
     calibration, _ = fit_calibration(
         planner, train, Calibration(), source=f"every source but {source}, even rows"
     )
-    seconds = time.perf_counter() - start
     results = compare(planner, [c for c in cases if c.source == source], calibration)
-    return source, {r.row_id: r.error for r in results}, seconds
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
+    return source, {r.row_id: r.error for r in results}
 
 
 def _cells(stats: ErrorStats) -> list[str]:
@@ -81,7 +76,7 @@ def main(out: Path = OUT, workers: int | None = None) -> dict[str, ErrorStats]:
         folds = list(pool.map(held_out_errors, order))
 
     table, pooled = [], defaultdict(list)
-    for source, errors, _seconds in folds:
+    for source, errors in folds:
         for kind in ("dense", "MoE"):
             ids = [i for i in by_source[source] if moe[i] == (kind == "MoE") and i in errors]
             if not ids:
@@ -118,9 +113,7 @@ def main(out: Path = OUT, workers: int | None = None) -> dict[str, ErrorStats]:
         "",
         "## By source",
         "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(row) + " |" for row in table),
+        _table(header, table),
         "",
         f"{len(folds)} fits on {workers} worker processes, "
         f"{time.perf_counter() - start:.0f} s in all.",
@@ -133,4 +126,3 @@ def main(out: Path = OUT, workers: int | None = None) -> dict[str, ErrorStats]:
 
 if __name__ == "__main__":
     main()
-    sys.exit(0)

@@ -18,7 +18,7 @@ def test_a_fold_never_fits_on_the_source_it_prices(monkeypatch: pytest.MonkeyPat
         return base, []
 
     monkeypatch.setattr(holdout, "fit_calibration", fake_fit)
-    source, errors, _seconds = holdout.held_out_errors("nemo-cp")
+    source, errors = holdout.held_out_errors("nemo-cp")
     train = seen["train"]
     assert source == "nemo-cp"
     assert train and all(c.source != "nemo-cp" and c.row_id % 2 == 0 for c in train)
